@@ -1,0 +1,1 @@
+"""Package marker: the CUDA sources in this folder are installed as gpukernels.cuda_sources."""

@@ -1,0 +1,340 @@
+"""KernelContext, KernelBase and the registry of kernel classes.
+
+A kernel class is named as its ONNX operator and registered for the operator's schema
+versions.  It is constructed with a KernelContext and called with the operator's inputs
+in ONNX order (Tensors, arrays, Python values, or None for an omitted optional input)
+and its attributes as keyword arguments named as in ONNX.  It returns a Tensor, or a
+named tuple (``Result``) for several outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+
+from .. import dtypes
+from ..dtypes import DataType
+from ..errors import KernelInputError, KernelTypeError, UnsupportedOperatorError
+from ..tensor import Optional, Sequence, Tensor
+from ..xp import Device, is_cupy_array, namespace
+
+LATEST_OPSET = {
+    "": onnx.defs.onnx_opset_version(),
+    "ai.onnx": onnx.defs.onnx_opset_version(),
+}
+
+
+@dataclass
+class KernelContext:
+    """Where and how kernels run.
+
+    device: 'cpu', 'cuda', 'cuda:N' or a Device.
+    opset: the model's opset, an int (default domain) or {domain: version}; kernels pick
+      the newest registered version not newer than it.  Default: the newest onnx knows.
+    options: free-form switches.  Known keys:
+      'cuda_kernels': 'auto' (default) | 'always' | 'never' -- use the hand-written CUDA
+        kernels where they cover the case / insist on them / use the array code only;
+      'allow_tf32': False -- let float32 CUDA kernels use TF32 tensor cores;
+      'seed': int -- seed for random operators without a seed attribute.
+    """
+
+    device: Any = "cpu"
+    opset: Any = None
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.device = Device.parse(self.device)
+        if self.opset is None:
+            self.opset = {}
+        elif isinstance(self.opset, int):
+            self.opset = {"": int(self.opset)}
+        else:
+            self.opset = {("" if k == "ai.onnx" else k): int(v) for k, v in dict(self.opset).items()}
+
+    @functools.cached_property
+    def xp(self):
+        return namespace(self.device)
+
+    def opset_for(self, domain: str) -> int | None:
+        """The opset version for domain, or None for 'newest'."""
+        return self.opset.get("" if domain == "ai.onnx" else domain)
+
+    def option(self, key: str, default=None):
+        return self.options.get(key, default)
+
+
+# ------------------------------------------------------------------ registry
+
+_REGISTRY: dict[tuple[str, str], dict[int, type]] = {}
+
+
+def schema_versions(op_type: str, domain: str = "") -> list[int]:
+    """Every since_version the installed onnx defines for (domain, op_type)."""
+    return sorted({s.since_version for s in _all_schemas() if s.name == op_type and s.domain == domain})
+
+
+@functools.lru_cache(maxsize=1)
+def _all_schemas():
+    return tuple(onnx.defs.get_all_schemas_with_history())
+
+
+def register(op_type: str | None = None, *, domain: str = "", versions=None):
+    """Class decorator: register a kernel for (domain, op_type) at the given since_versions
+    (default: every version the onnx schema history defines, so the class must handle
+    each one; it reads self.since_version where semantics changed)."""
+
+    def decorate(cls):
+        name = op_type or cls.__name__
+        vers = list(versions) if versions is not None else schema_versions(name, domain)
+        if not vers:
+            raise ValueError(f"register: no schema versions for {domain or 'ai.onnx'}::{name}")
+        cls.op_type = name
+        cls.domain = domain
+        cls.versions = tuple(sorted(vers))
+        table = _REGISTRY.setdefault((domain, name), {})
+        for v in vers:
+            table[int(v)] = cls
+        return cls
+
+    return decorate
+
+
+def lookup(op_type: str, domain: str = "", opset: int | None = None) -> tuple[type, int]:
+    """(kernel class, since_version) for op_type at opset (newest when None)."""
+    domain = "" if domain == "ai.onnx" else domain
+    table = _REGISTRY.get((domain, op_type))
+    if not table:
+        raise UnsupportedOperatorError(
+            f"no kernel for operator {domain or 'ai.onnx'}::{op_type} (opset {opset or 'latest'}); "
+            f"gpukernels has no registered versions of it")
+    candidates = [v for v in table if opset is None or v <= opset]
+    if not candidates:
+        raise UnsupportedOperatorError(
+            f"no kernel for operator {domain or 'ai.onnx'}::{op_type} at opset {opset}; "
+            f"registered versions: {sorted(table)}")
+    version = max(candidates)
+    return table[version], version
+
+
+def has_kernel(op_type: str, domain: str = "") -> bool:
+    return bool(_REGISTRY.get(("" if domain == "ai.onnx" else domain, op_type)))
+
+
+def registered() -> dict[tuple[str, str], list[int]]:
+    """{(domain, op_type): [since_versions]} of every registered kernel."""
+    return {k: sorted(v) for k, v in _REGISTRY.items()}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def describe(value) -> str:
+    """'float32[2, 3]' for a Tensor or array, 'seq<float32>[4]', 'absent', ..."""
+    if value is None:
+        return "absent"
+    if isinstance(value, Tensor):
+        if value.is_absent:
+            return "absent"
+        return f"{dtypes.describe(value.data_type)}{list(value.shape)}"
+    if isinstance(value, Sequence):
+        return f"seq<{dtypes.describe(value.elem_type)}>[{len(value)}]"
+    if isinstance(value, Optional):
+        return "optional(empty)" if value.value is None else f"optional({describe(value.value)})"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{value.dtype}{list(value.shape)}"
+    return type(value).__name__
+
+
+class KernelBase:
+    """Base of every kernel class."""
+
+    op_type: ClassVar[str] = ""
+    domain: ClassVar[str] = ""
+    versions: ClassVar[tuple[int, ...]] = ()
+
+    def __init__(self, ctx: KernelContext | None = None, version: int | None = None):
+        self.ctx = ctx if ctx is not None else KernelContext()
+        if version is None:
+            opset = self.ctx.opset_for(self.domain)
+            candidates = [v for v in self.versions if opset is None or v <= opset]
+            if not candidates:
+                raise UnsupportedOperatorError(
+                    f"{self.op_type}: no version for opset {opset}; registered {list(self.versions)}")
+            version = max(candidates)
+        self.since_version = int(version)
+        self.requested_outputs: tuple[bool, ...] | None = None
+        # Set by the runtime before each call of a node that holds subgraphs: the scope
+        # whose values the subgraphs may read (None in a direct Python call).
+        self.outer_scope = None
+
+    # --- environment
+    @property
+    def xp(self):
+        return self.ctx.xp
+
+    @property
+    def device(self) -> Device:
+        return self.ctx.device
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.ctx.device.is_cuda
+
+    def wants_output(self, index: int) -> bool:
+        """Whether the caller uses output index (all are wanted in a direct call)."""
+        r = self.requested_outputs
+        return r is None or (index < len(r) and r[index])
+
+    def can_run_in_place(self) -> bool:
+        """True when output 0 may alias input 0 (the runtime then may reuse its buffer)."""
+        return False
+
+    def run_subgraph(self, graph, inputs: list, input_names=None) -> list:
+        """Run an ONNX GraphProto (an If branch, a Loop/Scan body) with the given formal
+        inputs; it reads outer names from self.outer_scope.  Returns its outputs."""
+        from ..runtime import run_subgraph
+
+        return run_subgraph(graph, inputs, parent=self.outer_scope, ctx=self.ctx)
+
+    # --- inputs
+    def tensor(self, value, name: str = "input", optional: bool = False) -> Tensor:
+        """value as a Tensor on this kernel's device; None/absent allowed when optional."""
+        if value is None or (isinstance(value, Tensor) and value.array is None):
+            if optional:
+                return Tensor()
+            raise self.error(f"required input '{name}' is missing")
+        if isinstance(value, Tensor):
+            t = value
+        elif isinstance(value, (Sequence, Optional)):
+            raise self.type_error(f"input '{name}' must be a tensor, got {describe(value)}")
+        else:
+            t = Tensor(value)
+        if t.data_type != DataType.STRING and self.device.is_cuda != is_cupy_array(t.array):
+            t = t.to(self.device)
+        return t
+
+    def result(self, array, data_type=None) -> Tensor:
+        """Wrap an output array (already in storage dtype) as a Tensor."""
+        if data_type is None:
+            data_type = dtypes.from_numpy(array.dtype).data_type
+        return Tensor.wrap(array, DataType(int(data_type)))
+
+    def to_compute(self, t: Tensor, dtype=None):
+        """The tensor's values as an array in its compute dtype (float32 for half and
+        smaller floats), or in dtype when given."""
+        info = dtypes.info(t.data_type)
+        arr = t.array
+        if info.is_exotic and info.kind == "float" and self.on_gpu:
+            from ..codec import decode
+
+            arr = decode(self.xp, arr, t.data_type)
+        want = np.dtype(dtype) if dtype is not None else info.compute
+        return arr if arr.dtype == want else arr.astype(want)
+
+    def from_compute(self, array, data_type, saturate: bool = True) -> Tensor:
+        """Round a compute array once into data_type and wrap it."""
+        info = dtypes.info(data_type)
+        if info.is_exotic and info.kind == "float" and self.on_gpu:
+            from ..codec import encode
+
+            return Tensor.wrap(encode(self.xp, array, info.data_type, saturate), info.data_type)
+        target = info.storage if self.on_gpu else info.numpy
+        if array.dtype != target:
+            array = array.astype(target)
+        return Tensor.wrap(array, info.data_type)
+
+    # --- errors
+    def _message(self, message: str, inputs: dict) -> str:
+        text = f"{self.op_type}: {message}"
+        if inputs:
+            text += " (" + ", ".join(f"{k}: {describe(v)}" for k, v in inputs.items()) + ")"
+        return text
+
+    def error(self, message: str, **inputs) -> KernelInputError:
+        """A KernelInputError naming this operator and the given inputs' shapes/dtypes."""
+        return KernelInputError(self._message(message, inputs))
+
+    def type_error(self, message: str, **inputs) -> KernelTypeError:
+        return KernelTypeError(self._message(message, inputs))
+
+    def check_inputs(self, *inputs) -> None:
+        """Raise a KernelTypeError when an input's element type is not allowed by the
+        operator's schema at this version, or inputs sharing a type parameter differ."""
+        _check_schema_types(self, inputs)
+
+    def check_type(self, name: str, t: Tensor, allowed) -> None:
+        """Raise a KernelTypeError unless t's element type is one of allowed."""
+        if t.data_type not in allowed:
+            names = ", ".join(dtypes.describe(a) for a in allowed)
+            raise self.type_error(f"input '{name}' has element type {dtypes.describe(t.data_type)}; "
+                                  f"allowed: {names}", **{name: t})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device}, since_version={self.since_version})"
+
+
+# ------------------------------------------------------------ schema type checks
+
+
+@functools.lru_cache(maxsize=None)
+def schema_input_types(op_type: str, domain: str, version: int):
+    """For each formal input: (name, type parameter, allowed DataTypes or None, variadic).
+
+    None means the input's type is not a plain tensor type (sequences, optionals, maps);
+    those are left to the kernel.
+    """
+    try:
+        schema = onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return ()
+    constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    out = []
+    for formal in schema.inputs:
+        allowed_strs = constraints.get(formal.type_str, [formal.type_str])
+        allowed = set()
+        for s in allowed_strs:
+            if not s.startswith("tensor("):
+                allowed = None
+                break
+            try:
+                allowed.add(dtypes.info(s).data_type)
+            except TypeError:
+                pass
+        variadic = formal.option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+        out.append((formal.name, formal.type_str, frozenset(allowed) if allowed is not None else None,
+                    variadic))
+    return tuple(out)
+
+
+def _check_schema_types(kernel: "KernelBase", inputs) -> None:
+    formals = schema_input_types(kernel.op_type, kernel.domain, kernel.since_version)
+    if not formals:
+        return
+    bound: dict[str, Tensor] = {}
+    for i, value in enumerate(inputs):
+        if i >= len(formals):
+            if formals and formals[-1][3]:
+                name, param, allowed, _ = formals[-1]
+            else:
+                break
+        else:
+            name, param, allowed, _ = formals[i]
+        if allowed is None or not isinstance(value, Tensor) or value.array is None:
+            continue
+        if value.data_type not in allowed:
+            names = ", ".join(sorted(dtypes.describe(a) for a in allowed))
+            raise kernel.type_error(
+                f"input '{name}' has element type {dtypes.describe(value.data_type)}, "
+                f"which opset-{kernel.since_version} {kernel.op_type} does not allow (allowed: {names})",
+                **{name: value})
+        first = bound.setdefault(param, value)
+        if first is not value and first.data_type != value.data_type and len(allowed) > 1:
+            raise kernel.type_error(
+                f"inputs bound to type '{param}' must share one element type, got "
+                f"{dtypes.describe(first.data_type)} and {dtypes.describe(value.data_type)}",
+                **{name: value})
+

@@ -1,0 +1,80 @@
+"""MatMul and Gemm.
+
+Half and smaller float types are multiplied in float32 and rounded once.  Integer
+products wrap around on overflow.  Gemm with integer types applies alpha and beta in
+float64 and casts back (truncating toward zero) only when they are not 1.
+"""
+
+from __future__ import annotations
+
+from ...dtypes import DataType
+from ..base import KernelBase, register
+
+
+@register()
+class MatMul(KernelBase):
+    """NumPy matmul semantics: 1-D operands are promoted and the added axis removed;
+    leading (batch) dimensions broadcast."""
+
+    def __call__(self, A, B):
+        a = self.tensor(A, "A")
+        b = self.tensor(B, "B")
+        self.check_inputs(a, b)
+        if a.ndim == 0 or b.ndim == 0:
+            raise self.error("operands must have at least one dimension", A=a, B=b)
+        ka = a.shape[-1]
+        kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
+        if ka != kb:
+            raise self.error(f"inner dimensions differ ({ka} vs {kb})", A=a, B=b)
+        batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+        for da, db in zip(reversed(batch_a), reversed(batch_b)):
+            if da != db and 1 not in (da, db):
+                raise self.error("batch dimensions do not broadcast", A=a, B=b)
+        y = self.xp.matmul(self.to_compute(a), self.to_compute(b))
+        return self.from_compute(y, a.data_type)
+
+
+@register()
+class Gemm(KernelBase):
+    """Y = alpha * A' @ B' + beta * C, A' = A.T when transA, B' = B.T when transB; C
+    broadcasts to (M, N) and is optional from opset 11.  Opset 1-5 'broadcast' is honoured
+    by always broadcasting C where NumPy rules allow."""
+
+    def __call__(self, A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
+        a = self.tensor(A, "A")
+        b = self.tensor(B, "B")
+        c = self.tensor(C, "C", optional=True)
+        self.check_inputs(a, b, c)
+        if a.ndim != 2 or b.ndim != 2:
+            raise self.error("A and B must be 2-D", A=a, B=b)
+        xp = self.xp
+        am = self.to_compute(a)
+        bm = self.to_compute(b)
+        if transA:
+            am = am.T
+        if transB:
+            bm = bm.T
+        if am.shape[1] != bm.shape[0]:
+            raise self.error(f"inner dimensions differ ({am.shape[1]} vs {bm.shape[0]}) "
+                             f"with transA={transA}, transB={transB}", A=a, B=b)
+        m, n = am.shape[0], bm.shape[1]
+        integer = am.dtype.kind in "iu"
+        y = xp.matmul(am, bm)
+        if alpha != 1.0:
+            y = (y * alpha).astype(y.dtype) if not integer else _scale_int(xp, y, alpha)
+        if not c.is_absent:
+            cm = self.to_compute(c)
+            try:
+                xp.broadcast_shapes(cm.shape, (m, n)) if hasattr(xp, "broadcast_shapes") else None
+                if len(cm.shape) > 2 or any(d not in (1, t) for d, t in zip(reversed(cm.shape), (n, m))):
+                    raise ValueError
+            except ValueError:
+                raise self.error(f"C does not broadcast to ({m}, {n})", A=a, B=b, C=c) from None
+            if beta != 1.0:
+                cm = (cm * beta).astype(cm.dtype) if not integer else _scale_int(xp, cm, beta)
+            y = y + cm
+        return self.from_compute(y, a.data_type)
+
+
+def _scale_int(xp, y, factor):
+    return (y.astype(xp.float64) * factor).astype(y.dtype)

@@ -1,0 +1,48 @@
+"""Softmax.
+
+Opset 1-12: the input is coerced to 2-D at ``axis`` (default 1): dimensions before it
+form rows, the rest one row each, and softmax runs over each whole row.  Opset 13+:
+softmax runs along the single axis (default -1).  Computed in float32 for half types,
+with the row maximum subtracted; a row of all -inf gives NaN, as exp/sum does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import KernelBase, register
+
+
+def softmax_along(xp, x, axis: int):
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = xp.max(x, axis=axis, keepdims=True)
+        e = xp.exp(x - m)
+        return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def normalize_axis(kernel, axis: int, ndim: int, **inputs) -> int:
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise kernel.error(f"axis {axis} is out of range for rank {ndim}", **inputs)
+    return axis % max(ndim, 1)
+
+
+@register()
+class Softmax(KernelBase):
+    def __call__(self, input, axis=None):
+        x = self.tensor(input, "input")
+        self.check_inputs(x)
+        legacy = self.since_version < 13
+        if axis is None:
+            axis = 1 if legacy else -1
+        xc = self.to_compute(x)
+        if x.size == 0:
+            return self.from_compute(xc, x.data_type)
+        if x.ndim == 0:
+            raise self.error("input must have at least one dimension", input=x)
+        axis = normalize_axis(self, axis, x.ndim, input=x)
+        if legacy:
+            rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+            y = softmax_along(self.xp, xc.reshape(rows, -1), 1).reshape(x.shape)
+        else:
+            y = softmax_along(self.xp, xc, axis)
+        return self.from_compute(y, x.data_type)

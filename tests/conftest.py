@@ -1,0 +1,29 @@
+"""Shared fixtures: every test that takes ``device`` runs on cpu and, when CuPy sees a
+usable GPU, on cuda (marked ``gpu``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpukernels.xp import cuda_status
+
+
+def _device_params():
+    params = [pytest.param("cpu", id="cpu")]
+    status = cuda_status()
+    params.append(pytest.param(
+        "cuda", id="cuda",
+        marks=[pytest.mark.gpu] + ([] if status.available else
+                                   [pytest.mark.skip(reason=f"no usable GPU: {status.reason}")])))
+    return params
+
+
+@pytest.fixture(params=_device_params())
+def device(request):
+    return request.param
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
