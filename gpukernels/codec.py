@@ -1,126 +1,208 @@
-"""Bit-pattern codecs for the float types CuPy lacks (bfloat16, float8, float6, float4).
+"""Bit-pattern codecs for the float types CuPy lacks (bfloat16, float8, float6, float4, e8m0).
 
-On the host these types are ml_dtypes arrays and NumPy converts them exactly.  On a GPU
-they are held as their bit pattern (see dtypes.DTypeInfo.storage); these functions turn
-bit patterns into float32 and back with array operations only, so the same code runs on
-NumPy and CuPy.  Tests check them against ml_dtypes on every bit pattern.
+On the host these types are ml_dtypes arrays and NumPy converts them.  On a GPU they are
+held as their bit pattern (see dtypes.DTypeInfo.storage); these functions turn bit
+patterns into float32 and back with array operations only, so the same code runs on
+NumPy and CuPy.  tests/test_codec.py checks them against ml_dtypes on every bit pattern
+and on many float32 values.
 
-encode() rounds to nearest, ties to even, and applies the ONNX Cast rules for values
-out of range: saturate=True clamps finite and infinite values to the largest finite
-value; saturate=False gives inf where the format has one, NaN otherwise.
+Encoding (``encode``) of a float32/float64 array rounds each value once, to nearest with
+ties to even, directly from the source type (no double rounding through float32 for
+float64 input).  Out-of-range values follow the ONNX Cast tables:
+
+* float8 e4m3fn / e4m3fnuz / e5m2 / e5m2fnuz, ``saturate=True``: +-inf and values whose
+  rounded magnitude exceeds the largest finite value give +-max; NaN gives NaN.
+  ``saturate=False``: they give +-inf for e5m2 and NaN for the others (keeping the sign
+  for e4m3fn, which has a negative NaN; the fnuz types have one NaN, 0x80, and no -0).
+* float6 e2m3 / e3m2 and float4 e2m1 have neither inf nor NaN: they always saturate, and
+  NaN encodes as a zero whose sign bit is the inverse of the NaN's sign (what ml_dtypes
+  and the ONNX reference outputs do; the spec leaves it open).
+* bfloat16 and float16 behave as IEEE types: overflow gives +-inf; ``saturate`` does not
+  apply (the spec limits it to float8).  NaN stays NaN (quiet, sign kept).
+* float8e8m0 (powers of two 2^-127..2^127, code 255 = NaN, no sign, no zero): see
+  ``encode_e8m0``.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
 from .dtypes import DataType, info
 
 
+@dataclass(frozen=True)
+class SmallFloat:
+    """Layout of a small binary float format (sign, exponent, mantissa)."""
+
+    bits: int        # total width (sign included)
+    mbits: int       # mantissa bits
+    bias: int        # exponent bias
+    max_code: int    # code of the largest finite positive value
+    nan: int | None  # code of (positive) NaN, None when there is none
+    inf: int | None  # code of +inf, None when there is none
+    signed_zero: bool  # False for the fnuz types: 0x80 is NaN, not -0
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal value."""
+        return 1 - self.bias
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.bits - 1)
+
+
+FORMATS: dict[DataType, SmallFloat] = {
+    DataType.FLOAT8E4M3FN: SmallFloat(8, 3, 7, 0x7E, 0x7F, None, True),
+    DataType.FLOAT8E4M3FNUZ: SmallFloat(8, 3, 8, 0x7F, 0x80, None, False),
+    DataType.FLOAT8E5M2: SmallFloat(8, 2, 15, 0x7B, 0x7E, 0x7C, True),
+    DataType.FLOAT8E5M2FNUZ: SmallFloat(8, 2, 16, 0x7F, 0x80, None, False),
+    DataType.FLOAT6E2M3: SmallFloat(6, 3, 1, 0x1F, None, None, True),
+    DataType.FLOAT6E3M2: SmallFloat(6, 2, 3, 0x1F, None, None, True),
+    DataType.FLOAT4E2M1: SmallFloat(4, 1, 1, 0x7, None, None, True),
+    DataType.BFLOAT16: SmallFloat(16, 7, 127, 0x7F7F, 0x7FC0, 0x7F80, True),
+}
+
+E8M0_ROUND_MODES = ("up", "down", "nearest")
+
+
+# ------------------------------------------------------------------------ decode
+
+
 @functools.lru_cache(maxsize=None)
 def _decode_table(data_type: int) -> np.ndarray:
-    """float32 value of every bit pattern of a <=8-bit float type."""
+    """float32 value of every bit pattern of a <=8-bit float type (exact)."""
     i = info(data_type)
     codes = np.arange(2 ** i.bits, dtype=np.uint8)
     return codes.view(i.numpy).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=None)
-def _encode_table(data_type: int):
-    """Sorted non-negative finite values, their codes, and the overflow threshold data."""
-    table = _decode_table(data_type)
-    codes = np.arange(table.size)
-    finite = np.isfinite(table) & (table >= 0) & ~np.signbit(table)
-    values, order = np.unique(table[finite], return_index=True)
-    value_codes = codes[finite][order]
-    return values.astype(np.float32), value_codes.astype(np.uint8)
+def _device_table(data_type: int, device_id: int):
+    import cupy
 
-
-def _device_table(xp, table: np.ndarray):
-    return table if xp is np else xp.asarray(table)
+    with cupy.cuda.Device(device_id):
+        return cupy.asarray(_decode_table(data_type))
 
 
 def decode(xp, bits, data_type: int):
-    """float32 array of the values held as bit patterns in bits."""
+    """float32 array of the values held as bit patterns in ``bits`` (storage dtype)."""
     dt = DataType(int(data_type))
     if dt == DataType.BFLOAT16:
-        return (bits.astype(xp.uint32) << 16).view(xp.float32)
+        return (bits.view(xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
     if dt == DataType.FLOAT16:
         return bits.view(xp.float16).astype(xp.float32)
-    table = _device_table(xp, _decode_table(dt))
-    return table[bits.astype(xp.intp) & (table.size - 1)]
+    i = info(dt)
+    if i.kind != "float" or i.bits > 8:
+        raise TypeError(f"decode: {dt.name} is not a small float type")
+    table = _decode_table(dt) if xp is np else _device_table(int(dt), int(bits.device.id))
+    codes = bits.view(xp.uint8)
+    if i.bits < 8:
+        codes = codes & np.uint8(table.size - 1)
+    return table[codes]
 
 
-def encode(xp, values, data_type: int, saturate: bool = True):
-    """Bit patterns (storage dtype) of float values rounded to data_type."""
+# ------------------------------------------------------------------------ encode
+
+
+def encode(xp, values, data_type: int, saturate: bool = True, round_mode: str = "up"):
+    """Bit patterns (storage dtype) of ``values`` rounded into ``data_type``.
+
+    values: a float16/float32/float64 array (other dtypes are converted to float64
+    first).  round_mode only applies to float8e8m0.
+    """
     dt = DataType(int(data_type))
-    x = values.astype(xp.float32)
-    if dt == DataType.BFLOAT16:
-        return _encode_bfloat16(xp, x)
+    x = values
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(xp.float32 if x.dtype == np.float16 else xp.float64)
     if dt == DataType.FLOAT16:
         return x.astype(xp.float16).view(xp.uint16)
-    return _encode_small_float(xp, x, dt, saturate)
+    if dt == DataType.FLOAT8E8M0:
+        return encode_e8m0(xp, x, saturate, round_mode)
+    fmt = FORMATS.get(dt)
+    if fmt is None:
+        raise TypeError(f"encode: {dt.name} is not a small float type")
+    if dt == DataType.BFLOAT16:
+        saturate = False  # IEEE-like: overflow gives inf
+    return _encode_binary(xp, x, fmt, saturate, info(dt).storage)
 
 
-def _encode_bfloat16(xp, x):
-    u = x.view(xp.uint32)
-    rounding = ((u >> 16) & 1) + 0x7FFF
-    rounded = ((u + rounding) >> 16).astype(xp.uint16)
+def _encode_binary(xp, x, fmt: SmallFloat, saturate: bool, storage):
+    """Round |x| to the nearest code (ties to even) on the source's own bit pattern,
+    then apply overflow, NaN and sign rules."""
+    if x.dtype == np.float32:
+        uint, src_m, src_bias = xp.uint32, 23, 127
+    else:
+        uint, src_m, src_bias = xp.uint64, 52, 1023
+    a = xp.abs(x)
+    u = a.view(uint)
+    shift = src_m - fmt.mbits
+    # Normal results: round the source mantissa to mbits bits (a carry moves into the
+    # exponent, which is what rounding up to the next binade means), then re-bias.
+    half_minus_one = uint((1 << (shift - 1)) - 1)
+    rounded = (u + half_minus_one + ((u >> uint(shift)) & uint(1))) >> uint(shift)
+    normal = rounded - uint((src_bias - fmt.bias) << fmt.mbits)
+    # Subnormal results (|x| below the smallest normal): the code is the value in units
+    # of the smallest subnormal, rounded half to even; exact power-of-two scaling.
+    tiny = a < float(2.0 ** fmt.emin)  # False for NaN
+    sub = xp.rint(xp.ldexp(xp.where(tiny, a, 0), fmt.mbits - fmt.emin)).astype(uint)
+    code = xp.where(tiny, sub, normal)  # garbage for inf/NaN, fixed below
+    too_big = ~tiny & (code > uint(fmt.max_code))  # finite overflow and +-inf (and NaN)
+    if saturate or fmt.nan is None:
+        code = xp.where(too_big, uint(fmt.max_code), code)
+    else:
+        over = fmt.inf if fmt.inf is not None else fmt.nan
+        code = xp.where(too_big, uint(over), code)
+    neg = xp.signbit(x)
     nan = xp.isnan(x)
-    quiet = ((u >> 16) | 0x40).astype(xp.uint16)
-    return xp.where(nan, quiet, rounded)
+    if fmt.signed_zero:
+        if fmt.nan is not None:
+            code = xp.where(nan, uint(fmt.nan), code)
+        else:  # no NaN: a zero with the inverted sign (see the module doc)
+            code = xp.where(nan, uint(0), code)
+            neg = neg ^ nan
+        code = code | xp.where(neg, uint(fmt.sign_bit), uint(0))
+    else:
+        code = code | xp.where(neg & (code != 0), uint(fmt.sign_bit), uint(0))
+        code = xp.where(nan, uint(fmt.nan), code)
+    return code.astype(storage)
 
 
-def _encode_small_float(xp, x, dt: DataType, saturate: bool):
-    i = info(dt)
-    decode_table = _decode_table(dt)
-    values_np, codes_np = _encode_table(dt)
-    values = _device_table(xp, values_np)
-    codes = _device_table(xp, codes_np)
-    mag = xp.abs(x)
-    n = values_np.size
-    top = float(values_np[-1])
-    step = float(values_np[-1] - values_np[-2])
-    hi = xp.clip(xp.searchsorted(values, mag), 1, n - 1)
-    lo = hi - 1
-    lo_v = values[lo]
-    hi_v = values[hi]
-    d_lo = mag - lo_v
-    d_hi = hi_v - mag
-    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & ((codes[lo] & 1) == 1))
-    code = xp.where(pick_hi, codes[hi], codes[lo])
-    # Above the largest finite value: RNE against a virtual next value top + step.
-    beyond = mag > top
-    overflow = beyond & ((mag - top > step / 2) | ((mag - top == step / 2) & (int(codes_np[-1]) & 1 == 0) is False))
-    overflow = beyond & ((mag - top) > step / 2) if int(codes_np[-1]) & 1 == 1 else beyond & ((mag - top) >= step / 2)
-    code = xp.where(beyond, codes_np[-1], code).astype(xp.uint8)
-    has_sign = bool(np.signbit(decode_table).any())
-    neg = xp.signbit(x) if has_sign else xp.zeros(x.shape, bool)
-    sign_bit = np.uint8(1 << (i.bits - 1))
-    nan_code = _special_code(decode_table, "nan")
-    inf_code = _special_code(decode_table, "inf")
+def encode_e8m0(xp, x, saturate: bool = True, round_mode: str = "up"):
+    """float8e8m0 codes of x: value 2^(code-127) for codes 0..254, 255 is NaN.
+
+    The sign is ignored (negative input is unspecified by ONNX; we encode |x|).  For
+    finite nonzero |x| = 2^k * (1 + f), 0 <= f < 1: 'up' gives k+1 when f > 0 (the power of
+    two at or above |x|), 'down' gives k, 'nearest' gives k+1 when f >= 1/2 (ties up).
+    Out of range (the rounded exponent above 127 or below -127, inf, and 0): saturate
+    gives the largest / smallest code (254 / 0), otherwise NaN.  NaN gives NaN.
+    """
+    if round_mode not in E8M0_ROUND_MODES:
+        raise ValueError(f"round_mode must be one of {E8M0_ROUND_MODES}, got {round_mode!r}")
+    a = xp.abs(x)
+    finite = xp.isfinite(a)
+    safe = xp.where(finite & (a > 0), a, 1.0).astype(a.dtype)
+    mant, exp = xp.frexp(safe)  # safe = mant * 2^exp, 0.5 <= mant < 1
+    k = exp.astype(xp.int32) - 1
+    frac = mant * 2 - 1
+    if round_mode == "up":
+        k = k + (frac > 0)
+    elif round_mode == "nearest":
+        k = k + (frac >= 0.5)
+    code = k + 127
+    low = (code < 0) | (a == 0)
+    high = (code > 254) | (finite == False)  # noqa: E712  (inf; NaN handled below)
     if saturate:
-        special_over = code  # clamp to +-max (infinities too)
-    elif inf_code is not None:
-        special_over = xp.full(x.shape, inf_code, xp.uint8)
+        code = xp.where(low, 0, xp.where(high, 254, code))
     else:
-        special_over = xp.full(x.shape, nan_code, xp.uint8)
-    infinite = xp.isinf(x)
-    if not saturate:
-        code = xp.where(overflow | infinite, special_over, code)
-    else:
-        code = xp.where(infinite, code, code)
-    out = xp.where(neg & (code != 0) | (neg & has_sign), code | sign_bit, code).astype(xp.uint8)
-    if not has_sign:
-        out = code
-    if nan_code is not None:
-        out = xp.where(xp.isnan(x), np.uint8(nan_code), out)
-    # -0 in formats without a negative zero (fnuz) is +0.
-    return out.astype(xp.uint8)
+        code = xp.where(low | high, 255, code)
+    code = xp.where(xp.isnan(a), 255, code)
+    return code.astype(xp.uint8)
 
 
-def _special_code(table: np.ndarray, which: str):
-    hits = np.flatnonzero(np.isnan(table) if which == "nan" else np.isposinf(table))
-    return int(hits[0]) if hits.size else None
+def e8m0_reference_value(code: int) -> float:
+    """float value of an e8m0 code (NaN for 255); for tests and docs."""
+    return float("nan") if code == 255 else 2.0 ** (code - 127)

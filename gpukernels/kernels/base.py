@@ -200,6 +200,33 @@ class KernelBase:
 
         return run_subgraph(graph, inputs, parent=self.outer_scope, ctx=self.ctx)
 
+    def cuda_path(self, **arguments):
+        """The result of this operator's hand-written CUDA kernel, or None.
+
+        None when not on a GPU, when the context option 'cuda_kernels' is 'never', or
+        when the CUDA kernel does not cover this case (then the caller runs its array
+        code on the GPU).  With 'cuda_kernels': 'always' an uncovered case raises.
+        Kernels call it after validating inputs, passing normalised arguments
+        (tensors and resolved attributes by their ONNX names).
+        """
+        if not self.on_gpu:
+            return None
+        mode = self.ctx.option("cuda_kernels", "auto")
+        if mode == "never":
+            return None
+        from ..gpu import accelerated
+
+        impl = accelerated.get(self.op_type)
+        result = impl(self, **arguments) if impl is not None else None
+        if result is None and mode == "always":
+            from ..errors import CudaKernelError
+
+            raise CudaKernelError(f"{self.op_type}: the CUDA kernel does not cover this case and "
+                                  "the context demands it (options cuda_kernels='always')")
+        if result is not None:
+            accelerated.launch_counts[self.op_type] = accelerated.launch_counts.get(self.op_type, 0) + 1
+        return result
+
     # --- inputs
     def tensor(self, value, name: str = "input", optional: bool = False) -> Tensor:
         """value as a Tensor on this kernel's device; None/absent allowed when optional."""

@@ -1,0 +1,364 @@
+"""Attention (opsets 23, 24, 25): scaled dot-product attention.
+
+Scores are ``scale * Q @ K^T`` (scale defaults to 1/sqrt(head_size)), soft-capped
+(``softcap * tanh(s / softcap)`` when softcap > 0), then the additive bias is added
+(attn_mask, the causal frontier, the opset-25 sliding window and the nonpad_kv_seqlen
+padding), softmax runs over the keys, and the probabilities multiply V.  Everything is
+batched matrix products, chunked over blocks of query rows so that at most about
+``ctx.options['attention_block_bytes']`` (default 64 MiB) of scores live at once.
+
+Choices where the spec leaves room:
+
+* Masks: a BOOL mask selects (True = attend); every other mask type (float or integer)
+  is added to the scores in the compute precision.  A mask whose last dimension is
+  shorter than the total kv length is padded with -inf (False) -- also a last dimension
+  of 1, as the spec's wording says "shorter" -- in every opset version.  Masks of rank
+  0 to 4 broadcast right-aligned against (batch, q_num_heads, q_len, total_len).
+* Causal frontier (bottom-right): query i sees key j iff j <= i + offset with
+  offset = past_len (past_key given), nonpad_kv_seqlen[b] - q_len (external cache,
+  opset 24+), else 0.  The window bounds of opset 25 use the same offset.
+* A fully masked query row (the combined additive bias is -inf for every key) gives a
+  zero output row and a zero row in the mode-3 qk output, as the 1.23 errata define;
+  the decision is made on the bias, never on the (possibly NaN) logits.
+* Half types compute in float32 (double stays double; a float/double mix computes in
+  double) and round once.  softmax_precision=FLOAT16/BFLOAT16 rounds the softmax input
+  and its result to that type; DOUBLE computes the softmax in float64.
+* q_num_heads/kv_num_heads given with 4-D inputs must agree with the shapes.
+* When past_key/past_value are absent, present_key/present_value are K and V (4-D).
+* nonpad_kv_seqlen values must lie in [0, kv_sequence_length]; it cannot be combined
+  with past_key (the spec's two cache use cases are exclusive).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ... import dtypes
+from ...dtypes import DataType
+from ...tensor import Tensor
+from ..base import KernelBase, register
+
+_SOFTMAX_PRECISIONS = {int(DataType.FLOAT), int(DataType.FLOAT16), int(DataType.DOUBLE),
+                       int(DataType.BFLOAT16)}
+_DEFAULT_BLOCK_BYTES = 64 << 20
+
+
+@register()
+class Attention(KernelBase):
+    """Scaled dot-product attention; see the module docstring for the choices made."""
+
+    class Result(NamedTuple):
+        Y: Tensor
+        present_key: Tensor | None = None
+        present_value: Tensor | None = None
+        qk_matmul_output: Tensor | None = None
+
+    @dataclass
+    class Attributes:
+        is_causal: int = 0
+        kv_num_heads: int | None = None
+        q_num_heads: int | None = None
+        qk_matmul_output_mode: int = 0
+        scale: float | None = None
+        softcap: float = 0.0
+        softmax_precision: int | None = None
+        left_window_size: int = -1  # opset 25
+        right_window_size: int = -1  # opset 25
+
+    def __call__(self, Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+                 is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None,
+                 softcap=0.0, softmax_precision=None, left_window_size=-1, right_window_size=-1) -> "Attention.Result":
+        attrs = self.Attributes(is_causal=is_causal, kv_num_heads=kv_num_heads, q_num_heads=q_num_heads,
+                                qk_matmul_output_mode=qk_matmul_output_mode, scale=scale, softcap=softcap,
+                                softmax_precision=softmax_precision, left_window_size=left_window_size,
+                                right_window_size=right_window_size)
+        return self.run(attrs, Q, K, V, attn_mask=attn_mask, past_key=past_key, past_value=past_value,
+                        nonpad_kv_seqlen=nonpad_kv_seqlen)
+
+    # ------------------------------------------------------------------ main path
+    def run(self, attributes: "Attention.Attributes | None", Q, K, V, attn_mask=None, past_key=None,
+            past_value=None, nonpad_kv_seqlen=None) -> "Attention.Result":
+        a = attributes if attributes is not None else self.Attributes()
+        q = self.tensor(Q, "Q")
+        k = self.tensor(K, "K")
+        v = self.tensor(V, "V")
+        mask = self.tensor(attn_mask, "attn_mask", optional=True)
+        pk = self.tensor(past_key, "past_key", optional=True)
+        pv = self.tensor(past_value, "past_value", optional=True)
+        nonpad = self.tensor(nonpad_kv_seqlen, "nonpad_kv_seqlen", optional=True)
+        if self.since_version < 24 and not nonpad.is_absent:
+            raise self.error("nonpad_kv_seqlen is an input of opset 24 and later", nonpad_kv_seqlen=nonpad)
+        self.check_inputs(q, k, v, mask, pk, pv, *([nonpad] if self.since_version >= 24 else []))
+        p = self._validate(a, q, k, v, mask, pk, pv, nonpad)
+
+        fast = self.cuda_path(
+            Q=q, K=k, V=v, attn_mask=mask, past_key=pk, past_value=pv, nonpad_kv_seqlen=nonpad,
+            is_causal=p["is_causal"], kv_num_heads=p["kv_heads"], q_num_heads=p["q_heads"],
+            qk_matmul_output_mode=p["mode"], scale=p["scale"], softcap=p["softcap"],
+            softmax_precision=p["softmax_precision"], left_window_size=p["left"],
+            right_window_size=p["right"])
+        if fast is not None:
+            return fast
+        return self._compute(p, q, k, v, mask, pk, pv, nonpad)
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, a, q, k, v, mask, pk, pv, nonpad) -> dict:
+        shapes = dict(Q=q, K=k, V=v)
+        rank = q.ndim
+        if rank not in (3, 4) or k.ndim != rank or v.ndim != rank:
+            raise self.error("Q, K and V must all be 3-D or all be 4-D", **shapes)
+        qh, kvh = a.q_num_heads, a.kv_num_heads
+        B = q.shape[0]
+        if k.shape[0] != B or v.shape[0] != B:
+            raise self.error("Q, K and V must have the same batch size", **shapes)
+        if rank == 3:
+            if qh is None or kvh is None:
+                raise self.error("3-D inputs need the q_num_heads and kv_num_heads attributes", **shapes)
+            qh, kvh = int(qh), int(kvh)
+            if qh <= 0 or kvh <= 0:
+                raise self.error(f"head counts must be positive (q_num_heads={qh}, kv_num_heads={kvh})",
+                                 **shapes)
+            for name, t, h in (("Q", q, qh), ("K", k, kvh), ("V", v, kvh)):
+                if t.shape[2] % h:
+                    raise self.error(f"the hidden size of {name} ({t.shape[2]}) is not divisible by its "
+                                     f"head count {h}", **shapes)
+            Sq, Skv = q.shape[1], k.shape[1]
+            D, Dk, Dv = q.shape[2] // qh, k.shape[2] // kvh, v.shape[2] // kvh
+            if v.shape[1] != Skv:
+                raise self.error("K and V must have the same sequence length", **shapes)
+        else:
+            Bq, hq, Sq, D = q.shape
+            _, hk, Skv, Dk = k.shape
+            _, hv, Sv, Dv = v.shape
+            if hk != hv or Sv != Skv:
+                raise self.error("K and V must have the same number of heads and sequence length", **shapes)
+            if qh is not None and int(qh) != hq or kvh is not None and int(kvh) != hk:
+                raise self.error(f"q_num_heads={qh}/kv_num_heads={kvh} disagree with the 4-D shapes", **shapes)
+            qh, kvh = hq, hk
+        if Dk != D:
+            raise self.error(f"Q and K head sizes differ ({D} vs {Dk})", **shapes)
+        if kvh == 0 or qh % kvh:
+            raise self.error(f"q_num_heads ({qh}) must be a multiple of kv_num_heads ({kvh})", **shapes)
+
+        # caches
+        if pk.is_absent != pv.is_absent:
+            raise self.error("past_key and past_value must be given together", past_key=pk, past_value=pv)
+        P = 0
+        if not pk.is_absent:
+            if not nonpad.is_absent:
+                raise self.error("nonpad_kv_seqlen cannot be combined with past_key/past_value",
+                                 past_key=pk, nonpad_kv_seqlen=nonpad)
+            if pk.ndim != 4 or pv.ndim != 4:
+                raise self.error("past_key and past_value must be 4-D", past_key=pk, past_value=pv)
+            P = pk.shape[2]
+            if pk.shape != (B, kvh, P, D) or pv.shape != (B, kvh, P, Dv):
+                raise self.error(f"past_key/past_value must have shapes ({B}, {kvh}, P, {D}) and "
+                                 f"({B}, {kvh}, P, {Dv}) with one P", past_key=pk, past_value=pv, K=k, V=v)
+        T = P + Skv
+
+        nonpad_host = None
+        if not nonpad.is_absent:
+            if nonpad.shape != (B,):
+                raise self.error(f"nonpad_kv_seqlen must have shape ({B},)", nonpad_kv_seqlen=nonpad, Q=q)
+            nonpad_host = np.asarray(nonpad.numpy(), dtype=np.int64)
+            if nonpad_host.size and (nonpad_host.min() < 0 or nonpad_host.max() > Skv):
+                raise self.error(f"nonpad_kv_seqlen values must lie in [0, {Skv}], got {nonpad_host.tolist()}",
+                                 nonpad_kv_seqlen=nonpad, K=k)
+
+        # attributes
+        mode = int(a.qk_matmul_output_mode)
+        if mode not in (0, 1, 2, 3):
+            raise self.error(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got {mode}")
+        sp = a.softmax_precision
+        if sp is not None:
+            sp = int(sp)
+            if sp not in _SOFTMAX_PRECISIONS:
+                raise self.error(f"softmax_precision must be one of FLOAT (1), FLOAT16 (10), DOUBLE (11) or "
+                                 f"BFLOAT16 (16), got {sp}")
+        left, right = int(a.left_window_size), int(a.right_window_size)
+        if self.since_version < 25 and (left != -1 or right != -1):
+            raise self.error("left_window_size/right_window_size are attributes of opset 25 and later")
+        if left < -1 or right < -1:
+            raise self.error(f"window sizes must be -1 or non-negative, got left={left}, right={right}")
+        scale = (1.0 / math.sqrt(D) if D > 0 else 1.0) if a.scale is None else float(a.scale)
+        softcap = float(a.softcap or 0.0)
+        if softcap < 0:
+            raise self.error(f"softcap must be non-negative, got {softcap}")
+
+        # mask shape: pad the last axis to T, then broadcast to (B, qh, Sq, T)
+        if not mask.is_absent:
+            ms = mask.shape
+            if mask.ndim > 4:
+                raise self.error("attn_mask must have rank 4 or less", attn_mask=mask, Q=q)
+            if ms and ms[-1] > T:
+                raise self.error(f"the last dimension of attn_mask ({ms[-1]}) exceeds the total kv length {T}",
+                                 attn_mask=mask, Q=q, K=k)
+            padded = ms[:-1] + (T,) if ms else ms
+            target = (B, qh, Sq, T)
+            for dm, dt in zip(reversed(padded), reversed(target)):
+                if dm != 1 and dm != dt:
+                    raise self.error(f"attn_mask does not broadcast to (batch, q_num_heads, q_len, total_len) "
+                                     f"= {target}", attn_mask=mask, Q=q, K=k)
+        return dict(rank=rank, B=B, q_heads=qh, kv_heads=kvh, Sq=Sq, Skv=Skv, P=P, T=T, D=D, Dv=Dv,
+                    is_causal=int(a.is_causal), mode=mode, scale=scale, softcap=softcap,
+                    softmax_precision=sp, left=left, right=right, nonpad=nonpad_host)
+
+    # ------------------------------------------------------------------ compute
+    def _to4d(self, arr, heads, rank):
+        if rank == 4:
+            return arr
+        b, s, h = arr.shape
+        return arr.reshape(b, s, heads, h // heads).transpose(0, 2, 1, 3)
+
+    def _compute(self, p, q, k, v, mask, pk, pv, nonpad) -> "Attention.Result":
+        xp = self.xp
+        rank, B, Hq, Hkv = p["rank"], p["B"], p["q_heads"], p["kv_heads"]
+        Sq, T, D, Dv, P = p["Sq"], p["T"], p["D"], p["Dv"], p["P"]
+        G = Hq // Hkv
+        cq = dtypes.info(q.data_type).compute
+        cv = dtypes.info(v.data_type).compute
+        cdt = np.dtype(np.float64) if np.float64 in (cq, cv) else np.dtype(np.float32)
+
+        # present key/value (storage arrays, exact) and compute copies
+        k4s = self._to4d(k.array, Hkv, rank)
+        v4s = self._to4d(v.array, Hkv, rank)
+        if not pk.is_absent:
+            present_k = xp.concatenate([pk.array, k4s], axis=2)
+            present_v = xp.concatenate([pv.array, v4s], axis=2)
+        else:
+            present_k, present_v = k4s, v4s
+        Kc = self.to_compute(Tensor.wrap(present_k, k.data_type), cdt)
+        Vc = self.to_compute(Tensor.wrap(present_v, v.data_type), cdt)
+        Qc = self._to4d(self.to_compute(q, cdt), Hq, rank)
+
+        mode = p["mode"]
+        want_qk = self.wants_output(3)
+        Y = xp.zeros((B, Hq, Sq, Dv), dtype=cdt)
+        qk_out = xp.zeros((B, Hq, Sq, T), dtype=cdt) if want_qk else None
+
+        if Sq > 0 and T > 0 and B > 0 and Hq > 0:
+            mask_add, mask_q = self._prepare_mask(mask, T, cdt)
+            offset = self._offset(p)
+            has_window = p["left"] >= 0 or p["right"] >= 0
+            sp = p["softmax_precision"]
+            sdt = np.dtype(np.float64) if sp == int(DataType.DOUBLE) else \
+                (np.dtype(np.float32) if sp is not None else cdt)
+            round_to = sp if sp in (int(DataType.FLOAT16), int(DataType.BFLOAT16)) else None
+            Kt = Kc.transpose(0, 1, 3, 2)  # (B, Hkv, D, T)
+            budget = int(self.ctx.option("attention_block_bytes", _DEFAULT_BLOCK_BYTES))
+            row_bytes = B * Hq * T * max(cdt.itemsize, sdt.itemsize) * 2
+            block = max(1, min(Sq, budget // max(row_bytes, 1)))
+            scale = cdt.type(p["scale"])
+            for r0 in range(0, Sq, block):
+                r1 = min(Sq, r0 + block)
+                n = r1 - r0
+                qb = Qc[:, :, r0:r1] * scale  # (B, Hq, n, D)
+                qb = qb.reshape(B, Hkv, G * n, D)
+                s = xp.matmul(qb, Kt).reshape(B, Hq, n, T)
+                if want_qk and mode == 0:
+                    qk_out[:, :, r0:r1] = s
+                if p["softcap"] > 0:
+                    c = cdt.type(p["softcap"])
+                    s *= 1 / c
+                    xp.tanh(s, out=s)
+                    s *= c
+                if want_qk and mode == 1:
+                    qk_out[:, :, r0:r1] = s
+                bias = self._bias(p, mask_add, mask_q, offset, has_window, r0, r1, cdt)
+                if bias is not None:
+                    s += bias
+                if want_qk and mode == 2:
+                    qk_out[:, :, r0:r1] = s
+                if s.dtype != sdt:
+                    s = s.astype(sdt)
+                if round_to is not None:
+                    s = self._round(s, round_to)
+                with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                    m = xp.max(s, axis=-1, keepdims=True)
+                    if bias is not None:
+                        m = xp.where(xp.isneginf(m), sdt.type(0), m)
+                    s -= m
+                    xp.exp(s, out=s)
+                    total = xp.sum(s, axis=-1, keepdims=True)
+                    if bias is not None:
+                        total = xp.where(total == 0, sdt.type(1), total)
+                    s /= total
+                if round_to is not None:
+                    s = self._round(s, round_to)
+                if bias is not None:
+                    dead = xp.isneginf(xp.max(bias, axis=-1, keepdims=True))
+                    s = xp.where(dead, sdt.type(0), s)
+                if s.dtype != cdt:
+                    s = s.astype(cdt)
+                if want_qk and mode == 3:
+                    qk_out[:, :, r0:r1] = s
+                y = xp.matmul(s.reshape(B, Hkv, G * n, T), Vc)  # (B, Hkv, G*n, Dv)
+                Y[:, :, r0:r1] = y.reshape(B, Hq, n, Dv)
+
+        if rank == 3:
+            Y = Y.transpose(0, 2, 1, 3).reshape(B, Sq, Hq * Dv)
+        y_t = self.from_compute(Y, q.data_type)
+        pk_t = Tensor.wrap(present_k, k.data_type) if self.wants_output(1) else None
+        pv_t = Tensor.wrap(present_v, v.data_type) if self.wants_output(2) else None
+        qk_t = self.from_compute(qk_out, q.data_type) if want_qk else None
+        return self.Result(y_t, pk_t, pv_t, qk_t)
+
+    def _round(self, arr, data_type):
+        """arr rounded to a half type and back to float32."""
+        return self.to_compute(self.from_compute(arr, data_type), np.float32)
+
+    def _prepare_mask(self, mask, T, cdt):
+        """(additive mask as 4-D compute array or None, whether its q axis is > 1)."""
+        if mask.is_absent:
+            return None, False
+        xp = self.xp
+        if mask.data_type == DataType.BOOL:
+            m = xp.where(mask.array, cdt.type(0), cdt.type(-np.inf))
+        else:
+            m = self.to_compute(mask, cdt)
+        if m.ndim and m.shape[-1] < T:
+            pad = xp.full(m.shape[:-1] + (T - m.shape[-1],), -np.inf, dtype=cdt)
+            m = xp.concatenate([m, pad], axis=-1)
+        m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+        return m, m.shape[2] > 1
+
+    def _offset(self, p):
+        """The causal/window offset: an int, or a (B, 1, 1, 1) array per batch."""
+        if p["P"] > 0:
+            return p["P"]
+        if p["nonpad"] is not None:
+            return self.xp.asarray((p["nonpad"] - p["Sq"]).reshape(-1, 1, 1, 1))
+        return 0
+
+    def _bias(self, p, mask_add, mask_q, offset, has_window, r0, r1, cdt):
+        """The additive bias for query rows r0:r1, broadcastable to (B, Hq, n, T), or None."""
+        xp = self.xp
+        T = p["T"]
+        allowed = None
+        if p["is_causal"] or has_window:
+            i = xp.arange(r0, r1, dtype=np.int64).reshape(-1, 1)
+            j = xp.arange(T, dtype=np.int64).reshape(1, -1)
+            diff = (i + offset) - j  # query absolute position minus key index
+            if p["is_causal"]:
+                allowed = diff >= 0
+            if p["left"] >= 0:
+                ok = diff <= p["left"]
+                allowed = ok if allowed is None else allowed & ok
+            if p["right"] >= 0:
+                ok = -diff <= p["right"]
+                allowed = ok if allowed is None else allowed & ok
+        if p["nonpad"] is not None:
+            j = xp.arange(T, dtype=np.int64).reshape(1, 1, 1, -1)
+            ok = j < xp.asarray(p["nonpad"].reshape(-1, 1, 1, 1))
+            allowed = ok if allowed is None else allowed & ok
+        bias = None
+        if mask_add is not None:
+            bias = mask_add[:, :, r0:r1] if mask_q else mask_add
+        if allowed is not None:
+            add = xp.where(allowed, cdt.type(0), cdt.type(-np.inf))
+            bias = add if bias is None else bias + add
+        return bias

@@ -1,0 +1,426 @@
+"""Executing ONNX graphs with gpukernels kernels.
+
+A graph is *prepared* once: kernels resolved for the model's opsets, attributes bound,
+initializers placed on the device, calls of model-local functions and of schema
+functions (operators with a function body but no kernel) set up, and a release plan
+computed so every intermediate is dropped right after its last use.  Running a prepared
+graph only looks values up, calls kernels and releases values.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import onnx
+
+from .. import dtypes
+from ..errors import GpuKernelsError, ModelError, UnsupportedOperatorError, node_error_for
+from ..kernels import load_all
+from ..kernels.base import KernelContext, describe, has_kernel, lookup
+from ..tensor import Optional, Sequence, Tensor
+from .attributes import attribute_value, bind_attributes
+
+
+class Scope:
+    """Values by name, with a parent scope that subgraphs read outer names from.
+
+    A subgraph's own names (formal inputs, node outputs) shadow the parent's; writes go
+    to the innermost scope only, so a body cannot change its parent's values."""
+
+    __slots__ = ("values", "parent", "graph")
+
+    def __init__(self, values: dict | None = None, parent: "Scope | None" = None, graph=None):
+        self.values = values if values is not None else {}
+        self.parent = parent
+        self.graph = graph
+
+    def lookup(self, name: str):
+        scope = self
+        while scope is not None:
+            v = scope.values.get(name, _MISSING)
+            if v is not _MISSING:
+                return v
+            scope = scope.parent
+        raise KeyError(name)
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            self.lookup(name)
+            return True
+        except KeyError:
+            return False
+
+
+_MISSING = object()
+
+
+@dataclass
+class FunctionDef:
+    """A callable function body: formal inputs/outputs, attribute defaults, nodes, opsets."""
+
+    domain: str
+    name: str
+    inputs: list
+    outputs: list
+    attribute_defaults: dict
+    nodes: list
+    opsets: dict
+
+
+def functions_of(model: onnx.ModelProto) -> dict:
+    """{(domain, name): FunctionDef} for the model's local functions."""
+    out = {}
+    for f in model.functions:
+        defaults = {a.name: a for a in f.attribute_proto}
+        for a in f.attribute:
+            defaults.setdefault(a, None)
+        opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in f.opset_import}
+        out[(f.domain, f.name)] = FunctionDef(f.domain, f.name, list(f.input), list(f.output),
+                                              defaults, list(f.node), opsets)
+    return out
+
+
+def subgraph_free_names(graph: onnx.GraphProto) -> set:
+    """Names a graph reads from enclosing scopes (used but not defined inside it)."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {i.values.name for i in graph.sparse_initializer}
+    used = set()
+    for node in graph.node:
+        used.update(n for n in node.input if n)
+        for attr in node.attribute:
+            for g in _graphs_of(attr):
+                used |= subgraph_free_names(g)
+        defined.update(node.output)
+    used.update(o.name for o in graph.output)
+    return used - defined
+
+
+def _graphs_of(attr: onnx.AttributeProto):
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return [attr.g]
+    if attr.type == onnx.AttributeProto.GRAPHS:
+        return list(attr.graphs)
+    return []
+
+
+class PreparedNode:
+    """One node ready to run: a kernel and its bound attributes, or a function call."""
+
+    __slots__ = ("node", "name", "op_type", "domain", "inputs", "outputs", "kernel", "attrs",
+                 "function", "needs_scope", "since_version", "schema_function", "_expanded")
+
+    def __init__(self, node: onnx.NodeProto):
+        self.node = node
+        self.name = node.name or f"{node.op_type}_{id(node) & 0xffff:x}"
+        self.op_type = node.op_type
+        self.domain = "" if node.domain == "ai.onnx" else node.domain
+        self.inputs = list(node.input)
+        self.outputs = list(node.output)
+        self.kernel = None
+        self.attrs = {}
+        self.function = None        # FunctionDef of a model-local function
+        self.schema_function = None  # OpSchema whose function body replaces a missing kernel
+        self.needs_scope = False
+        self.since_version = None
+        self._expanded = {}          # input-type signature -> PreparedGraph
+
+    def describe(self) -> str:
+        return f"node '{self.name}' ({self.domain or 'ai.onnx'}::{self.op_type})"
+
+
+class PreparedGraph:
+    """A graph (or function body) prepared to run repeatedly.
+
+    graph: a GraphProto, or a FunctionDef for function bodies.
+    ctx: the KernelContext every kernel of this graph uses.
+    """
+
+    def __init__(self, graph, ctx: KernelContext, functions: dict | None = None,
+                 base_dir: str | None = None, attribute_values: dict | None = None):
+        load_all()
+        self.ctx = ctx
+        self.functions = functions or {}
+        self.base_dir = base_dir
+        self.attribute_values = attribute_values  # for function bodies: bound attributes
+        # subgraphs prepared later through this context see the same functions and folder
+        ctx.__dict__.setdefault("_functions", self.functions)
+        ctx.__dict__.setdefault("_base_dir", base_dir)
+        if isinstance(graph, FunctionDef):
+            self.graph = None
+            self.name = f"function {graph.domain}::{graph.name}"
+            self.input_names = list(graph.inputs)
+            self.output_names = list(graph.outputs)
+            self.output_types = []
+            self.input_types = []
+            nodes = graph.nodes
+            self.constants = {}
+        else:
+            self.graph = graph
+            self.name = f"graph '{graph.name}'"
+            self.input_names = [i.name for i in graph.input]
+            self.output_names = [o.name for o in graph.output]
+            self.input_types = [i.type for i in graph.input]
+            self.output_types = [o.type for o in graph.output]
+            nodes = graph.node
+            self.constants = self._load_initializers(graph)
+        self.nodes = [self._prepare_node(n) for n in nodes]
+        self.release_plan = self._plan_releases()
+
+    # ------------------------------------------------------------- preparation
+    def _load_initializers(self, graph) -> dict:
+        from .attributes import sparse_to_dense
+
+        values = {}
+        for init in graph.initializer:
+            values[init.name] = self._place(Tensor.from_proto(init, self.base_dir))
+        for sp in graph.sparse_initializer:
+            values[sp.values.name] = self._place(sparse_to_dense(sp, self.base_dir))
+        return values
+
+    def _place(self, t: Tensor) -> Tensor:
+        if self.ctx.device.is_cuda and t.data_type != dtypes.DataType.STRING:
+            return t.to(self.ctx.device)
+        return t
+
+    def _prepare_node(self, node: onnx.NodeProto) -> PreparedNode:
+        p = PreparedNode(node)
+        p.needs_scope = any(_graphs_of(a) for a in node.attribute)
+        key = (p.domain, p.op_type)
+        if key in self.functions and not has_kernel(p.op_type, p.domain):
+            p.function = self.functions[key]
+            return p
+        opset = self.ctx.opset_for(p.domain)
+        if opset is None and p.domain not in ("",):
+            opset = None
+        try:
+            cls, version = lookup(p.op_type, p.domain, opset)
+        except UnsupportedOperatorError:
+            schema = _schema(p.op_type, p.domain, opset)
+            if schema is not None and (schema.has_function or schema.has_context_dependent_function):
+                p.schema_function = schema
+                p.since_version = schema.since_version
+                p.attrs = self._bind(node, schema, p)
+                return p
+            raise
+        p.since_version = version
+        schema = _schema(p.op_type, p.domain, opset if opset is not None else version)
+        p.attrs = self._bind(node, schema, p)
+        p.kernel = cls(self.ctx, version)
+        return p
+
+    def _bind(self, node, schema, p: PreparedNode) -> dict:
+        if self.attribute_values is not None and any(a.ref_attr_name for a in node.attribute):
+            node = _substitute_attribute_refs(node, self.attribute_values)
+        return bind_attributes(node, schema, self.base_dir, where=p.describe())
+
+    def _plan_releases(self) -> list:
+        """For node i, the names to drop after it runs (their last use)."""
+        keep = set(self.output_names)
+        last_use = {}
+        for i, p in enumerate(self.nodes):
+            for name in p.inputs:
+                if name:
+                    last_use[name] = i
+            if p.needs_scope:
+                for attr in p.node.attribute:
+                    for g in _graphs_of(attr):
+                        for name in subgraph_free_names(g):
+                            last_use[name] = i
+            for name in p.outputs:
+                if name:
+                    last_use.setdefault(name, i)  # produced but never read: drop at once
+        plan = [[] for _ in self.nodes]
+        for name, i in last_use.items():
+            if name not in keep and name not in self.constants:
+                plan[i].append(name)
+        return plan
+
+    # ------------------------------------------------------------------ running
+    def run(self, inputs, parent: Scope | None = None, observer=None) -> list:
+        """Run with inputs (a list in formal order, or a dict by name); returns outputs in
+        order.  observer(prepared_node, input_values, output_values, seconds), when given,
+        is called after every node."""
+        values = dict(self.constants)
+        if isinstance(inputs, dict):
+            for name, v in inputs.items():
+                values[name] = v
+        else:
+            if len(inputs) > len(self.input_names):
+                raise ModelError(f"{self.name}: {len(inputs)} inputs given, it declares "
+                                 f"{len(self.input_names)}")
+            for name, v in zip(self.input_names, inputs):
+                values[name] = v
+        scope = Scope(values, parent, self)
+        for p, release in zip(self.nodes, self.release_plan):
+            self._run_node(p, scope, observer)
+            for name in release:
+                values.pop(name, None)
+        out = []
+        for name in self.output_names:
+            try:
+                out.append(scope.lookup(name))
+            except KeyError:
+                raise ModelError(f"{self.name}: output {name!r} was never computed") from None
+        return out
+
+    def _run_node(self, p: PreparedNode, scope: Scope, observer) -> None:
+        args = []
+        for name in p.inputs:
+            if not name:
+                args.append(None)
+                continue
+            try:
+                args.append(scope.lookup(name))
+            except KeyError:
+                raise ModelError(f"{p.describe()}: input {name!r} is not defined in {self.name} "
+                                 "or any enclosing scope") from None
+        t0 = time.perf_counter() if observer is not None else 0.0
+        try:
+            if p.kernel is not None:
+                k = p.kernel
+                if p.needs_scope:
+                    k.outer_scope = scope
+                if len(p.outputs) > 1 or (p.outputs and not p.outputs[0]):
+                    k.requested_outputs = tuple(bool(o) for o in p.outputs)
+                result = k(*args, **p.attrs)
+            elif p.function is not None:
+                result = self._call_function(p, args)
+            else:
+                result = self._call_schema_function(p, args)
+        except GpuKernelsError as exc:
+            if getattr(exc, "node_name", None):
+                raise
+            raise self._wrap(p, args, exc) from exc
+        except (ValueError, TypeError, IndexError, KeyError, ArithmeticError, RuntimeError,
+                NotImplementedError, AttributeError, AssertionError) as exc:
+            raise self._wrap(p, args, exc) from exc
+        outputs = _as_outputs(result)
+        if len(outputs) < sum(1 for o in p.outputs if o):
+            raise self._wrap(p, args, ModelError(
+                f"kernel returned {len(outputs)} output(s), the node names {len(p.outputs)}"))
+        values = scope.values
+        for name, v in zip(p.outputs, outputs):
+            if name:
+                values[name] = v
+        if observer is not None:
+            observer(p, args, outputs[:len(p.outputs)], time.perf_counter() - t0)
+
+    def _wrap(self, p: PreparedNode, args, exc: BaseException):
+        shown = ", ".join(f"{n or '<omitted>'}: {describe(a)}" for n, a in zip(p.inputs, args))
+        msg = f"{p.describe()} in {self.name} failed: {exc}\n  inputs: {shown or 'none'}"
+        return node_error_for(exc, msg, p.name, p.op_type)
+
+    # -------------------------------------------------------------- functions
+    def _call_function(self, p: PreparedNode, args) -> list:
+        body = p._expanded.get(None)
+        if body is None:
+            f = p.function
+            attrs = {}
+            for name, default in f.attribute_defaults.items():
+                if default is not None:
+                    attrs[name] = default
+            for a in p.node.attribute:
+                attrs[a.name] = a
+            ctx = KernelContext(self.ctx.device, {**self.ctx.opset, **f.opsets}, self.ctx.options)
+            body = PreparedGraph(f, ctx, self.functions, self.base_dir, attribute_values=attrs)
+            p._expanded[None] = body
+        return body.run(list(args))
+
+    def _call_schema_function(self, p: PreparedNode, args) -> list:
+        schema = p.schema_function
+        signature = tuple(_type_signature(a) for a in args)
+        body = p._expanded.get(signature)
+        if body is None:
+            body = self._expand_schema_function(p, schema, args)
+            p._expanded[signature] = body
+        return body.run(list(args))
+
+    def _expand_schema_function(self, p: PreparedNode, schema, args) -> "PreparedGraph":
+        opset = self.ctx.opset_for(p.domain) or schema.since_version
+        if schema.has_function and schema.function_opset_versions:
+            versions = [v for v in schema.function_opset_versions if v <= opset]
+            raw = schema.get_function_with_opset_version(max(versions)) if versions else None
+        else:
+            raw = None
+        if raw is None and schema.has_context_dependent_function:
+            versions = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+            types = [_type_proto_of(a).SerializeToString() for a in args]
+            raw = schema.get_context_dependent_function_with_opset_version(
+                max(versions) if versions else schema.since_version, p.node.SerializeToString(), types)
+        if not raw:
+            raise UnsupportedOperatorError(f"{p.describe()}: no kernel and no function body at opset {opset}")
+        fproto = onnx.FunctionProto()
+        fproto.ParseFromString(raw)
+        opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in fproto.opset_import}
+        opsets.setdefault("", opset)
+        attrs = {a.name: a for a in p.node.attribute}
+        for name, spec in schema.attributes.items():
+            if name not in attrs and spec.default_value is not None and spec.default_value.name:
+                attrs[name] = spec.default_value
+        fdef = FunctionDef(p.domain, p.op_type, list(fproto.input), list(fproto.output), {},
+                           list(fproto.node), opsets)
+        ctx = KernelContext(self.ctx.device, {**self.ctx.opset, **opsets}, self.ctx.options)
+        return PreparedGraph(fdef, ctx, self.functions, self.base_dir, attribute_values=attrs)
+
+
+def _substitute_attribute_refs(node: onnx.NodeProto, values: dict) -> onnx.NodeProto:
+    """A copy of node whose ref_attr_name attributes take the calling node's values
+    (dropped when the caller did not set them and there is no default)."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    del copy.attribute[:]
+    for a in node.attribute:
+        if a.ref_attr_name:
+            given = values.get(a.ref_attr_name)
+            if given is None:
+                continue
+            b = onnx.AttributeProto()
+            b.CopyFrom(given)
+            b.name = a.name
+            copy.attribute.append(b)
+        else:
+            copy.attribute.append(a)
+    return copy
+
+
+def _schema(op_type: str, domain: str, opset):
+    try:
+        if opset is None:
+            return onnx.defs.get_schema(op_type, domain)
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _type_signature(value):
+    if isinstance(value, Tensor):
+        return ("t", int(value.data_type), value.ndim if not value.is_absent else -1)
+    if isinstance(value, Sequence):
+        return ("s", int(value.elem_type))
+    if isinstance(value, Optional):
+        return ("o", _type_signature(value.value) if value.value is not None else None)
+    return (type(value).__name__,)
+
+
+def _type_proto_of(value) -> onnx.TypeProto:
+    from onnx import helper
+
+    if isinstance(value, Tensor) and not value.is_absent:
+        return helper.make_tensor_type_proto(int(value.data_type), list(value.shape))
+    if isinstance(value, Sequence):
+        return helper.make_sequence_type_proto(helper.make_tensor_type_proto(int(value.elem_type), None))
+    return onnx.TypeProto()
+
+
+def _as_outputs(result) -> list:
+    """A kernel's return value as a list of node outputs.  A tuple (named or not) is
+    several outputs; a list is several outputs when it holds values (Tensors, Sequences,
+    Optionals, None), and one value otherwise (a list of maps, say)."""
+    if isinstance(result, tuple):
+        return list(result)
+    if isinstance(result, list):
+        if all(v is None or isinstance(v, (Tensor, Sequence, Optional)) for v in result):
+            return result
+        return [result]
+    return [result]
