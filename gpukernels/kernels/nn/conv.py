@@ -1,0 +1,235 @@
+"""Conv: N-D convolution as matrix products.
+
+Paths (all on the array namespace, so they run on NumPy and CuPy alike):
+
+* 1x1 kernels without padding: the input (subsampled by the strides) is already the
+  column matrix; one batched matmul per group.
+* depthwise (group == C, one input channel per group): a loop over kernel taps, each a
+  fused multiply-add of a strided slice, over channel blocks small enough to stay in cache.
+* everything else: im2col through a strided window view (no Python loop over pixels),
+  copied into a column buffer of at most 256 MiB per chunk (chunks over the batch, and
+  over output rows when one image alone is larger), then one batched matmul
+  (group, M/group, C/group*k) @ (chunk, group, C/group*k, pixels) that lands directly in
+  NCHW order.
+
+Half types (float16, bfloat16) are computed in float32 and rounded once; double stays
+double.  On a GPU the hand-written CUDA kernel (gpukernels.gpu.conv) is tried first.
+"""
+
+from __future__ import annotations
+
+from ..base import KernelBase, register
+from . import _spatial as sp
+
+_CACHE_BLOCK_BYTES = 512 * 1024
+
+
+def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
+    """Y = conv(x, w) + b on compute arrays; x (N, C, *S), w (M, C/group, *K), b (M,) or
+    None; pads = begin..end.  Attributes must be validated already."""
+    n_sp = x.ndim - 2
+    N, C = x.shape[:2]
+    M = w.shape[0]
+    K = w.shape[2:]
+    S = x.shape[2:]
+    pb, pe = pads[:n_sp], pads[n_sp:]
+    if out_shape is None:
+        out_shape = [(S[i] + pb[i] + pe[i] - (K[i] - 1) * dilations[i] - 1) // strides[i] + 1
+                     for i in range(n_sp)]
+    O = list(out_shape)
+    P = sp.prod(O)
+    dtype = x.dtype
+    if N == 0 or M == 0 or P == 0:
+        y = xp.zeros((N, M, *O), dtype=dtype)
+    elif group == C and w.shape[1] == 1 and group > 1:
+        y = _depthwise(xp, x, w, strides, pads, dilations, O)
+    elif all(k == 1 for k in K) and not any(pads):
+        y = _pointwise(xp, x, w, strides, group, O)
+    else:
+        y = _im2col(xp, x, w, strides, pads, dilations, group, O)
+    if b is not None:
+        y += b.reshape((1, M) + (1,) * n_sp).astype(dtype, copy=False)
+    return y
+
+
+def _pointwise(xp, x, w, strides, group, O):
+    N, C = x.shape[:2]
+    M = w.shape[0]
+    if any(s != 1 for s in strides):
+        x = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
+    cols = x.reshape(N, group, C // group, sp.prod(O))
+    wg = w.reshape(group, M // group, C // group)
+    if group == 1:
+        y = xp.matmul(wg[0], cols[:, 0])
+    else:
+        y = xp.matmul(wg, cols)
+    return y.reshape((N, M) + tuple(O))
+
+
+def _im2col(xp, x, w, strides, pads, dilations, group, O):
+    n_sp = x.ndim - 2
+    N, C = x.shape[:2]
+    M = w.shape[0]
+    K = tuple(w.shape[2:])
+    S = x.shape[2:]
+    pb = pads[:n_sp]
+    Cg, Mg = C // group, M // group
+    kk = sp.prod(K)
+    wg = w.reshape(group, Mg, Cg * kk)
+    item = x.dtype.itemsize
+    ek = [(K[i] - 1) * dilations[i] + 1 for i in range(n_sp)]
+    per_image = C * kk * sp.prod(O) * item
+    target = sp.chunk_target(xp)
+    if per_image <= target:
+        nb = max(1, target // per_image)
+        chunks = [(n0, min(N, n0 + nb), 0, O[0]) for n0 in range(0, N, nb)]
+    else:
+        rows = sp.row_chunks(O[0], per_image // O[0], target)
+        chunks = [(n0, n0 + 1, r0, r1) for n0 in range(N) for r0, r1 in rows]
+    single = len(chunks) == 1
+    y = None if single else xp.empty((N, M) + tuple(O), dtype=x.dtype)
+    for n0, n1, r0, r1 in chunks:
+        nr = r1 - r0
+        lo = [r0 * strides[0] - pb[0]] + [-pb[i] for i in range(1, n_sp)]
+        hi = [(r1 - 1) * strides[0] + ek[0] - pb[0]] + \
+             [(O[i] - 1) * strides[i] + ek[i] - pb[i] for i in range(1, n_sp)]
+        block = sp.padded_block(xp, x[n0:n1], lo, hi)
+        oc = [nr] + list(O[1:])
+        st = block.strides
+        view = sp.as_strided(
+            xp, block,
+            (n1 - n0, group, Cg) + K + tuple(oc),
+            (st[0], st[1] * Cg, st[1])
+            + tuple(st[2 + i] * dilations[i] for i in range(n_sp))
+            + tuple(st[2 + i] * strides[i] for i in range(n_sp)))
+        cols = view.reshape(n1 - n0, group, Cg * kk, sp.prod(oc))
+        if group == 1:
+            part = xp.matmul(wg[0], cols[:, 0])
+        else:
+            part = xp.matmul(wg, cols)
+        part = part.reshape((n1 - n0, M) + tuple(oc))
+        if single:
+            return part
+        y[n0:n1, :, r0:r1] = part
+    return y
+
+
+def _depthwise(xp, x, w, strides, pads, dilations, O):
+    """group == C: each output channel c*m + j reads input channel c only.
+
+    A loop over kernel taps; each tap is one multiply and one add over a channel block
+    that fits in cache.  When the last axis has stride 1 (and there are >= 2 spatial
+    axes) the taps read whole padded rows ("wide" rows of the padded width, cropped at
+    the end), so every slice is one long contiguous run instead of short rows."""
+    n_sp = x.ndim - 2
+    N, C = x.shape[:2]
+    M = w.shape[0]
+    m = M // C
+    K = tuple(w.shape[2:])
+    pb = pads[:n_sp]
+    ek = [(K[i] - 1) * dilations[i] + 1 for i in range(n_sp)]
+    y = xp.empty((N, C, m) + tuple(O), dtype=x.dtype)
+    wv = w.reshape(C, m, sp.prod(K))
+    lo = [-pb[i] for i in range(n_sp)]
+    hi = [(O[i] - 1) * strides[i] + ek[i] - pb[i] for i in range(n_sp)]
+    wide = n_sp >= 2 and strides[-1] == 1
+    if wide:
+        hi[-2] += 1  # one spare row: the wide rows of the last tap run into it
+        Lw = hi[-1] - lo[-1]
+        acc_shape = tuple(O[:-1]) + (Lw,)
+    else:
+        acc_shape = tuple(O)
+    per_channel = max(1, N * sp.prod(acc_shape) * x.dtype.itemsize)
+    cb = max(1, min(C, _CACHE_BLOCK_BYTES // per_channel))
+    tap_list = sp.taps(K)
+    item = x.dtype.itemsize
+    for c0 in range(0, C, cb):
+        c1 = min(C, c0 + cb)
+        block = sp.padded_block(xp, x[:, c0:c1], lo, hi)
+        if wide:
+            block = xp.ascontiguousarray(block)
+        acc = xp.empty((N, c1 - c0) + acc_shape, dtype=x.dtype)
+        tmp = xp.empty_like(acc)
+        st = block.strides
+        for j in range(m):
+            for t_index, tap in enumerate(tap_list):
+                if wide:
+                    offset = sum(tap[i] * dilations[i] * st[2 + i] for i in range(n_sp)) // item
+                    flat = block.reshape(-1)[offset:]
+                    sl = sp.as_strided(xp, flat, acc.shape,
+                                       st[:2] + tuple(st[2 + i] * strides[i] for i in range(n_sp - 1))
+                                       + (item,))
+                else:
+                    sl = block[(slice(None), slice(None)) +
+                               sp.tap_slices([tap[i] * dilations[i] for i in range(n_sp)], strides, O)]
+                wt = wv[c0:c1, j, t_index].reshape((1, c1 - c0) + (1,) * n_sp)
+                if t_index == 0:
+                    xp.multiply(sl, wt, out=acc)
+                else:
+                    xp.multiply(sl, wt, out=tmp)
+                    xp.add(acc, tmp, out=acc)
+            y[:, c0:c1, j] = acc[..., :O[-1]] if wide else acc
+    return y.reshape((N, M) + tuple(O))
+
+
+def conv_attributes(kernel, x, w, kernel_shape, strides, dilations, pads, auto_pad, group,
+                    w_name="W"):
+    """Validate Conv-style inputs and attributes; returns (strides, pads, dilations,
+    out_shape) with pads resolved (begin..end)."""
+    tensors = {"X": x, w_name: w}
+    if x.ndim < 3:
+        raise kernel.error("X must have rank >= 3 (N x C x D1 ...)", **tensors)
+    if w.ndim != x.ndim:
+        raise kernel.error(f"{w_name} must have the rank of X ({x.ndim}), got {w.ndim}", **tensors)
+    n_sp = x.ndim - 2
+    group = int(group)
+    if group < 1:
+        raise kernel.error(f"group must be >= 1, got {group}", **tensors)
+    C = x.shape[1]
+    M = w.shape[0]
+    if w.shape[1] * group != C:
+        raise kernel.error(f"channel mismatch: X has {C} channels but {w_name}.shape[1] * group = "
+                           f"{w.shape[1]} * {group} = {w.shape[1] * group}", **tensors)
+    if M % group:
+        raise kernel.error(f"the number of output channels ({M}) is not a multiple of group ({group})",
+                           **tensors)
+    K = list(w.shape[2:])
+    if kernel_shape is not None and len(kernel_shape):
+        if [int(k) for k in kernel_shape] != K:
+            raise kernel.error(f"kernel_shape {list(kernel_shape)} does not match the weight's spatial "
+                               f"shape {K}", **tensors)
+    strides = sp.int_list(kernel, "strides", strides, n_sp, 1, minimum=1, **tensors)
+    dilations = sp.int_list(kernel, "dilations", dilations, n_sp, 1, minimum=1, **tensors)
+    S = list(x.shape[2:])
+    pads = sp.resolve_pads(kernel, auto_pad, pads, S, K, strides, dilations, **tensors)
+    out = sp.conv_output_shape(kernel, S, K, strides, dilations, pads, **tensors)
+    return strides, pads, dilations, out
+
+
+@register()
+class Conv(KernelBase):
+    """ONNX Conv (opsets 1, 11, 22): 1-D, 2-D, 3-D and higher; strides, pads,
+    dilations, groups, every auto_pad mode.  Explicit pads combined with a SAME/VALID
+    auto_pad are rejected unless all zero."""
+
+    def __call__(self, X, W, B=None, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None):
+        x = self.tensor(X, "X")
+        w = self.tensor(W, "W")
+        b = self.tensor(B, "B", optional=True)
+        self.check_inputs(x, w, b)
+        strides, pads, dilations, out = conv_attributes(
+            self, x, w, kernel_shape, strides, dilations, pads, auto_pad, group)
+        M = w.shape[0]
+        if not b.is_absent and tuple(b.shape) != (M,):
+            raise self.error(f"B must have shape ({M},), got {list(b.shape)}", X=x, W=w, B=b)
+        if self.on_gpu:
+            fast = self.cuda_path(X=x, W=w, B=None if b.is_absent else b, strides=strides,
+                                  pads=pads, dilations=dilations, group=int(group))
+            if fast is not None:
+                return fast
+        xc = self.to_compute(x)
+        wc = self.to_compute(w, xc.dtype)
+        bc = None if b.is_absent else self.to_compute(b, xc.dtype)
+        y = conv_forward(self.xp, xc, wc, bc, strides, pads, dilations, int(group), out)
+        return self.from_compute(y, x.data_type)

@@ -1,0 +1,2 @@
+"""Quantization kernels: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
+QLinearMatMul, QLinearConv."""

@@ -1,0 +1,104 @@
+"""Helpers shared by the tensor-family kernels (shape, indexing, casting, resampling)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+
+from ... import dtypes
+from ...dtypes import DataType
+from ...tensor import Tensor
+from ...xp import is_cupy_array, to_host
+
+
+def host_ints(kernel, t: Tensor, name: str) -> list[int]:
+    """The values of a small integer tensor (shape, axes, pads...) as Python ints."""
+    if t.is_absent:
+        return []
+    info = dtypes.info(t.data_type)
+    if not info.is_integer:
+        raise kernel.type_error(f"input '{name}' must be an integer tensor", **{name: t})
+    return [int(v) for v in np.asarray(to_host(t.array)).reshape(-1)]
+
+
+def host_floats(kernel, t: Tensor, name: str) -> list[float]:
+    if t.is_absent:
+        return []
+    arr = t.numpy()
+    return [float(v) for v in np.asarray(arr, dtype=np.float64).reshape(-1)]
+
+
+def norm_axis(kernel, axis: int, rank: int, what: str = "axis", **inputs) -> int:
+    """axis in [-rank, rank) -> [0, rank); raises naming the op otherwise."""
+    axis = int(axis)
+    if not -rank <= axis < rank:
+        raise kernel.error(f"{what} {axis} is out of range for rank {rank}", **inputs)
+    return axis + rank if axis < 0 else axis
+
+
+def norm_axes(kernel, axes, rank: int, what: str = "axes", **inputs) -> list[int]:
+    out = [norm_axis(kernel, a, rank, what, **inputs) for a in axes]
+    if len(set(out)) != len(out):
+        raise kernel.error(f"{what} {list(axes)} repeat an axis", **inputs)
+    return out
+
+
+def xp_for(kernel, t: Tensor):
+    """numpy for STRING tensors (host only), the kernel's namespace otherwise."""
+    return np if t.data_type == DataType.STRING else kernel.xp
+
+
+def wrap_like(kernel, array, t: Tensor) -> Tensor:
+    """Wrap an array holding elements of t's type (storage dtype) as a Tensor."""
+    return Tensor.wrap(array, t.data_type)
+
+
+def deliver(kernel, result: Tensor, out) -> Tensor:
+    """Copy result into a caller's buffer ``out`` (a Tensor or an array of the output's
+    storage dtype and shape) and return it as a Tensor; result itself when out is None."""
+    if out is None:
+        return result
+    target = out.array if isinstance(out, Tensor) else out
+    if isinstance(out, Tensor) and out.data_type != result.data_type:
+        raise kernel.type_error(f"out= has element type {dtypes.describe(out.data_type)}, the result is "
+                                f"{dtypes.describe(result.data_type)}", out=out)
+    if tuple(target.shape) != tuple(result.shape):
+        raise kernel.error(f"out= has shape {list(target.shape)}, the result has {list(result.shape)}",
+                           out=out)
+    if is_cupy_array(target) != is_cupy_array(result.array):
+        raise kernel.error("out= lives on another device than the kernel", out=out)
+    src = result.array
+    if target.dtype != src.dtype:
+        if target.dtype.itemsize == src.dtype.itemsize and result.data_type != DataType.STRING:
+            src = src.view(target.dtype)
+        else:
+            raise kernel.type_error(f"out= has dtype {target.dtype}, the result needs {src.dtype}", out=out)
+    xp = kernel.xp if is_cupy_array(target) else np
+    xp.copyto(target, src)
+    return out if isinstance(out, Tensor) else Tensor.wrap(target, result.data_type)
+
+
+@functools.lru_cache(maxsize=None)
+def schema_type_param(op_type: str, version: int, param: str) -> frozenset:
+    """DataTypes a schema's type parameter allows (for output-type attributes like
+    Cast's 'to')."""
+    schema = onnx.defs.get_schema(op_type, version, "")
+    for c in schema.type_constraints:
+        if c.type_param_str == param:
+            out = set()
+            for s in c.allowed_type_strs:
+                try:
+                    out.add(dtypes.info(s).data_type)
+                except TypeError:
+                    pass
+            return frozenset(out)
+    return frozenset()
+
+
+def product(shape) -> int:
+    p = 1
+    for d in shape:
+        p *= int(d)
+    return p
