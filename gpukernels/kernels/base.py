@@ -105,6 +105,7 @@ def register(op_type: str | None = None, *, domain: str = "", versions=None):
 
 def lookup(op_type: str, domain: str = "", opset: int | None = None) -> tuple[type, int]:
     """(kernel class, since_version) for op_type at opset (newest when None)."""
+    _ensure_loaded()
     domain = "" if domain == "ai.onnx" else domain
     table = _REGISTRY.get((domain, op_type))
     if not table:
@@ -120,12 +121,20 @@ def lookup(op_type: str, domain: str = "", opset: int | None = None) -> tuple[ty
     return table[version], version
 
 
+def _ensure_loaded() -> None:
+    from . import load_all
+
+    load_all()
+
+
 def has_kernel(op_type: str, domain: str = "") -> bool:
+    _ensure_loaded()
     return bool(_REGISTRY.get(("" if domain == "ai.onnx" else domain, op_type)))
 
 
 def registered() -> dict[tuple[str, str], list[int]]:
     """{(domain, op_type): [since_versions]} of every registered kernel."""
+    _ensure_loaded()
     return {k: sorted(v) for k, v in _REGISTRY.items()}
 
 

@@ -120,7 +120,7 @@ def _poly(coefs, x):
 
 def probit(xp, p):
     """The standard normal quantile, sqrt(2) * erfinv(2p - 1), computed in float64;
-    p <= 0 gives -inf, p >= 1 +inf, NaN stays NaN."""
+    p == 0 gives -inf, p == 1 +inf, p outside [0, 1] and NaN give NaN."""
     dtype = p.dtype
     p = p.astype(np.float64)
     plow = 0.02425
@@ -133,8 +133,8 @@ def probit(xp, p):
         r = q * q
         central = _poly(_A, r) * q / (_poly(_B, r) * r + 1.0)
     out = xp.where(p < plow, low, xp.where(p > 1.0 - plow, high, central))
-    out = xp.where(p <= 0, -xp.inf, xp.where(p >= 1, xp.inf, out))
-    out = xp.where(xp.isnan(p), xp.nan, out)
+    out = xp.where(p == 0, -xp.inf, xp.where(p == 1, xp.inf, out))
+    out = xp.where((p < 0) | (p > 1) | xp.isnan(p), xp.nan, out)
     return out.astype(dtype)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..base import KernelBase, register
 from . import _spatial as sp
 
-_CACHE_BLOCK_BYTES = 512 * 1024
+_CACHE_BLOCK_BYTES = 256 * 1024
 
 
 def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
@@ -143,7 +143,8 @@ def _depthwise(xp, x, w, strides, pads, dilations, O):
     cb = max(1, min(C, _CACHE_BLOCK_BYTES // per_channel))
     tap_list = sp.taps(K)
     item = x.dtype.itemsize
-    for c0 in range(0, C, cb):
+
+    def run_block(c0):
         c1 = min(C, c0 + cb)
         block = sp.padded_block(xp, x[:, c0:c1], lo, hi)
         if wide:
@@ -151,17 +152,16 @@ def _depthwise(xp, x, w, strides, pads, dilations, O):
         acc = xp.empty((N, c1 - c0) + acc_shape, dtype=x.dtype)
         tmp = xp.empty_like(acc)
         st = block.strides
+        # one view holding every tap: (N, cb, *K, *acc_shape)
+        if wide:
+            inner = tuple(st[2 + i] * strides[i] for i in range(n_sp - 1)) + (item,)
+        else:
+            inner = tuple(st[2 + i] * strides[i] for i in range(n_sp))
+        windows = sp.as_strided(xp, block, (N, c1 - c0) + K + acc_shape,
+                                st[:2] + tuple(st[2 + i] * dilations[i] for i in range(n_sp)) + inner)
         for j in range(m):
             for t_index, tap in enumerate(tap_list):
-                if wide:
-                    offset = sum(tap[i] * dilations[i] * st[2 + i] for i in range(n_sp)) // item
-                    flat = block.reshape(-1)[offset:]
-                    sl = sp.as_strided(xp, flat, acc.shape,
-                                       st[:2] + tuple(st[2 + i] * strides[i] for i in range(n_sp - 1))
-                                       + (item,))
-                else:
-                    sl = block[(slice(None), slice(None)) +
-                               sp.tap_slices([tap[i] * dilations[i] for i in range(n_sp)], strides, O)]
+                sl = windows[(slice(None), slice(None)) + tap]
                 wt = wv[c0:c1, j, t_index].reshape((1, c1 - c0) + (1,) * n_sp)
                 if t_index == 0:
                     xp.multiply(sl, wt, out=acc)
@@ -169,6 +169,9 @@ def _depthwise(xp, x, w, strides, pads, dilations, O):
                     xp.multiply(sl, wt, out=tmp)
                     xp.add(acc, tmp, out=acc)
             y[:, c0:c1, j] = acc[..., :O[-1]] if wide else acc
+
+    for c0 in range(0, C, cb):
+        run_block(c0)
     return y.reshape((N, M) + tuple(O))
 
 

@@ -138,6 +138,8 @@ def quantize_values(kernel, q, out_type: DataType, zp=None, saturate: bool = Tru
     """Round q (a float array, already x / scale; q may be modified in place) into
     out_type, adding the zero point zp (float array or None)."""
     xp = kernel.xp
+    if not isinstance(q, xp.ndarray):  # NumPy gives scalars for 0-d arithmetic
+        q = xp.array(q)
     if out_type in INTEGER_RANGES:
         lo, hi = INTEGER_RANGES[out_type]
         xp.rint(q, out=q)

@@ -1,0 +1,131 @@
+"""Clip, Mod, Pow.
+
+Clip: opset 1 and 6 take min/max as attributes (opset 1: absent means unbounded; opset
+6: defaults -FLT_MAX/FLT_MAX), opset 11+ as optional one-element inputs (absent means
+the type's lowest/highest).  The result is Min(max, Max(input, min)), so min > max gives
+max everywhere; NaN inputs stay NaN.
+
+Mod: fmod=1 is C fmod (result has the dividend's sign); fmod=0 is floored modulo (the
+divisor's sign), for integers at every version and for floats from opset 28 (earlier
+versions require fmod=1 for floats, and we reject fmod=0 there as onnxruntime does).
+Integer modulo by zero raises a KernelInputError; float modulo by zero is NaN.
+
+Pow: the base type T and exponent type T1 may differ (opset 12+).  Floats are raised in
+the wider of the two compute types and rounded once to T.  An integer base with a float
+exponent is computed in float64 and converted toward zero.  Integer ** integer is exact
+with wrap-around on overflow; a negative integer exponent gives trunc(x ** y) (1 or -1
+for |x| = 1, else 0) and 0 ** negative raises a KernelInputError.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import KernelBase, register
+from ._mathcommon import broadcast_shape, legacy_broadcast, scalar_value
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+@register()
+class Clip(KernelBase):
+    def __call__(self, input, min=None, max=None, consumed_inputs=None):
+        x = self.tensor(input, "input")
+        xp = self.xp
+        if self.since_version < 11:
+            self.check_inputs(x)
+            lo, hi = min, max
+            if self.since_version >= 6:
+                lo = -_FLT_MAX if lo is None else lo
+                hi = _FLT_MAX if hi is None else hi
+        else:
+            tmin = self.tensor(min, "min", optional=True)
+            tmax = self.tensor(max, "max", optional=True)
+            self.check_inputs(x, tmin, tmax)
+            lo = None if tmin.is_absent else scalar_value(self, tmin, "min")
+            hi = None if tmax.is_absent else scalar_value(self, tmax, "max")
+        xc = self.to_compute(x)
+        if xc.size == 0:
+            return self.from_compute(xc, x.data_type)
+        dt = xc.dtype
+        y = xc
+        if lo is not None:
+            lo = dt.type(np.float64(lo)) if dt.kind == "f" else dt.type(lo)
+            y = xp.maximum(y, lo)
+        if hi is not None:
+            hi = dt.type(np.float64(hi)) if dt.kind == "f" else dt.type(hi)
+            y = xp.minimum(y, hi)
+        if y is xc:
+            y = xc.copy()
+        return self.from_compute(y, x.data_type)
+
+
+@register()
+class Mod(KernelBase):
+    def __call__(self, A, B, fmod=0):
+        a = self.tensor(A, "A")
+        b = self.tensor(B, "B")
+        self.check_inputs(a, b)
+        broadcast_shape(self, {"A": a, "B": b})
+        if fmod not in (0, 1):
+            raise self.error(f"fmod must be 0 or 1, got {fmod}", A=a, B=b)
+        xp = self.xp
+        ac, bc = self.to_compute(a), self.to_compute(b)
+        integer = ac.dtype.kind in "iu"
+        if not integer and fmod == 0 and self.since_version < 28:
+            raise self.error("fmod must be 1 for floating-point inputs before opset 28", A=a, B=b)
+        if integer:
+            if bc.size and bool((bc == 0).any()):
+                raise self.error("integer modulo by zero", A=a, B=b)
+            y = xp.fmod(ac, bc) if fmod else xp.remainder(ac, bc)
+        else:
+            with np.errstate(all="ignore"):
+                y = xp.fmod(ac, bc) if fmod else xp.remainder(ac, bc)
+        return self.from_compute(y, a.data_type)
+
+
+@register()
+class Pow(KernelBase):
+    def __call__(self, X, Y, axis=None, broadcast=0):
+        x = self.tensor(X, "X")
+        y = self.tensor(Y, "Y")
+        self.check_inputs(x, y)
+        xp = self.xp
+        xc, yc = self.to_compute(x), self.to_compute(y)
+        if self.since_version < 7:
+            yc = legacy_broadcast(self, x, y, broadcast, axis, names=("X", "Y")).astype(xc.dtype, copy=False)
+        else:
+            broadcast_shape(self, {"X": x, "Y": y})
+        with np.errstate(all="ignore"):
+            out = self._pow(xp, xc, yc, x, y)
+        return self.from_compute(out, x.data_type)
+
+    def _pow(self, xp, xc, yc, x, y):
+        if xc.dtype.kind == "f":
+            ct = np.result_type(xc.dtype, yc.dtype) if yc.dtype.kind == "f" else xc.dtype
+            return xp.power(xc.astype(ct, copy=False), yc.astype(ct, copy=False)).astype(xc.dtype, copy=False)
+        if yc.dtype.kind == "f":
+            r = xp.power(xc.astype(np.float64), yc.astype(np.float64))
+            return _float_to_int(xp, r, xc.dtype)
+        # integer ** integer
+        e = yc.astype(np.int64) if yc.dtype != np.uint64 else yc
+        neg = e < 0
+        if bool(neg.any()):
+            bxc, be, bneg = xp.broadcast_arrays(xc, e, neg)
+            if bool(((bxc == 0) & bneg).any()):
+                raise self.error("0 raised to a negative integer power", X=x, Y=y)
+            safe_e = xp.where(bneg, 0, be)
+            r = xp.power(bxc, safe_e.astype(xc.dtype))
+            odd = (be % 2) != 0
+            neg_result = xp.where(bxc == 1, 1, xp.where((bxc == -1) & odd, -1,
+                                                        xp.where(bxc == -1, 1, 0)))
+            return xp.where(bneg, neg_result.astype(xc.dtype), r)
+        return xp.power(xc, e.astype(xc.dtype)) if e.dtype != xc.dtype else xp.power(xc, e)
+
+
+def _float_to_int(xp, r, dtype):
+    """float64 -> integer dtype toward zero; out-of-range values wrap like int64 -> dtype."""
+    r = xp.trunc(r)
+    if dtype == np.uint64:
+        return r.astype(np.uint64)
+    return r.astype(np.int64).astype(dtype)

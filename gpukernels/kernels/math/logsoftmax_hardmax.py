@@ -1,0 +1,63 @@
+"""LogSoftmax and Hardmax.
+
+Opset 1-12: the input is coerced to 2-D at ``axis`` (default 1) and the operation runs
+over each whole row; opset 13+: along the single axis (default -1).  LogSoftmax is
+x - max - log(sum(exp(x - max))) in float32 for half types; a row of all -inf gives NaN.
+Hardmax puts 1 at the first maximum of each row (a NaN counts as the maximum, as in
+numpy.argmax) and 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import KernelBase, register
+from .softmax import normalize_axis
+
+
+def log_softmax_along(xp, x, axis: int):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m = xp.max(x, axis=axis, keepdims=True)
+        s = x - m
+        lse = xp.log(xp.sum(xp.exp(s), axis=axis, keepdims=True))
+        s -= lse
+        return s
+
+
+def hardmax_along(xp, x, axis: int):
+    idx = xp.expand_dims(xp.argmax(x, axis=axis), axis)
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    positions = xp.arange(x.shape[axis]).reshape(shape)
+    return (positions == idx).astype(x.dtype)
+
+
+class _RowOp(KernelBase):
+    def __call__(self, input, axis=None):
+        x = self.tensor(input, "input")
+        self.check_inputs(x)
+        legacy = self.since_version < 13
+        if axis is None:
+            axis = 1 if legacy else -1
+        xc = self.to_compute(x)
+        if x.ndim == 0:
+            raise self.error("input must have at least one dimension", input=x)
+        axis = normalize_axis(self, axis, x.ndim, input=x)
+        if x.size == 0:
+            return self.from_compute(xc.copy(), x.data_type)
+        if legacy:
+            rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+            y = self.along(self.xp, xc.reshape(rows, -1), 1).reshape(x.shape)
+        else:
+            y = self.along(self.xp, xc, axis)
+        return self.from_compute(y, x.data_type)
+
+
+@register()
+class LogSoftmax(_RowOp):
+    along = staticmethod(log_softmax_along)
+
+
+@register()
+class Hardmax(_RowOp):
+    along = staticmethod(hardmax_along)
