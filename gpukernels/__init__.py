@@ -19,3 +19,10 @@ from .xp import Device, available_devices, cuda_status
 
 __all__ = ["Tensor", "Sequence", "Optional", "KernelContext", "KernelBase", "Device", "DataType",
            "available_devices", "cuda_status", "dtypes", "errors", "__version__"]
+
+
+def profile(*args, **kwargs):
+    """Per-node timing of a model (see gpukernels.profiling.profile)."""
+    from .profiling import profile as _profile
+
+    return _profile(*args, **kwargs)

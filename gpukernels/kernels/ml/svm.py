@@ -89,9 +89,9 @@ def multiclass_probability(xp, r, max_iter=None):
 @register(domain="ai.onnx.ml")
 class SVMClassifier(KernelBase):
     """Y: labels [N]; Z: scores.  SVC without probabilities: Z holds the k(k-1)/2 pair
-    decision values (two columns [-d, d] for two classes) and the label is the class with
-    most votes (the first on ties).  SVC with prob_a/prob_b: Z holds the k class
-    probabilities and the label is the most probable class.  Linear mode: Z holds the k
+    decision values (two columns [-d, d] for two classes).  SVC with prob_a/prob_b: Z
+    holds the k class probabilities.  In both SVC cases the label is the class with most
+    one-vs-one votes (the first on ties), as libsvm and onnxruntime.  Linear mode: Z holds the k
     scores (X @ W.T + rho[0]) and the label the best one.  post_transform applies to Z."""
 
     class Result(NamedTuple):
@@ -148,6 +148,15 @@ class SVMClassifier(KernelBase):
             wpair[start[i]:start[i + 1], p] = coef_m[j - 1, start[i]:start[i + 1]]
             wpair[start[j]:start[j + 1], p] = coef_m[i, start[j]:start[j + 1]]
         dec = kmat @ xp.asarray(wpair) + xp.asarray(rho_v)
+        # one-vs-one votes pick the label, with or without probabilities (as libsvm's
+        # svm_predict and onnxruntime)
+        onehot_i = np.zeros((n_pairs, k))
+        onehot_i[np.arange(n_pairs), pair_i] = 1
+        onehot_j = np.zeros((n_pairs, k))
+        onehot_j[np.arange(n_pairs), pair_j] = 1
+        pos = (dec > 0).astype(np.float64)
+        votes = pos @ xp.asarray(onehot_i) + (1.0 - pos) @ xp.asarray(onehot_j)
+        best = xp.argmax(votes, axis=1)
         if pa.size:
             prob = 1.0 - logistic(xp, dec * xp.asarray(pa) + xp.asarray(pb))  # = 1 / (1 + exp(dec A + B))
             prob = xp.clip(prob, 1e-7, 1 - 1e-7)
@@ -155,22 +164,12 @@ class SVMClassifier(KernelBase):
             pi, pj = xp.asarray(pair_i), xp.asarray(pair_j)
             r[:, pi, pj] = prob
             r[:, pj, pi] = 1.0 - prob
-            scores = multiclass_probability(xp, r)
-            best = xp.argmax(scores, axis=1)
-            z = apply_post_transform(xp, scores, mode)
+            z = apply_post_transform(xp, multiclass_probability(xp, r), mode)
+        elif k == 2:
+            # onnxruntime writes the single decision value d as [-d, d]
+            z = apply_post_transform(xp, xp.concatenate([-dec, dec], axis=1), mode)
         else:
-            onehot_i = np.zeros((n_pairs, k))
-            onehot_i[np.arange(n_pairs), pair_i] = 1
-            onehot_j = np.zeros((n_pairs, k))
-            onehot_j[np.arange(n_pairs), pair_j] = 1
-            pos = (dec > 0).astype(np.float64)
-            votes = pos @ xp.asarray(onehot_i) + (1.0 - pos) @ xp.asarray(onehot_j)
-            best = xp.argmax(votes, axis=1)
-            if k == 2:
-                # onnxruntime writes the single decision value d as [-d, d]
-                z = apply_post_transform(xp, xp.concatenate([-dec, dec], axis=1), mode)
-            else:
-                z = apply_post_transform(xp, dec, mode)
+            z = apply_post_transform(xp, dec, mode)
         label = label_output(self, labels, best, using_strings)
         return self.Result(label, self.result(z.astype(np.float32), DataType.FLOAT))
 
@@ -184,6 +183,12 @@ class SVMClassifier(KernelBase):
             raise self.error("attribute 'rho' is required", X=x)
         scores = rows @ xp.asarray(coefs.reshape(k, -1)).T + rho_v[0]
         best = xp.argmax(scores, axis=1)
+        if k == 2 and rho_v.size == 1:
+            # onnxruntime's binary rule: the second label when the best raw score is
+            # >= 0.5 (all coefficients non-negative) or > 0 (mixed signs), else the best
+            top = xp.max(scores, axis=1)
+            positive = (top >= 0.5) if bool((coefs >= 0).all()) else (top > 0)
+            best = xp.where(positive, 1, best)
         z = apply_post_transform(xp, scores, mode)
         label = label_output(self, labels, best, using_strings)
         return self.Result(label, self.result(z.astype(np.float32), DataType.FLOAT))
@@ -193,7 +198,7 @@ class SVMClassifier(KernelBase):
 class SVMRegressor(KernelBase):
     """Y [N, 1] = sum_v coefficients[v] k(x, sv_v) + rho[0] (n_supports > 0), or
     x . coefficients + rho[0] (linear).  one_class=1 maps Y to +1 / -1 by its sign
-    (> 0 gives 1).  post_transform applies to Y otherwise."""
+    (> 0 gives 1).  post_transform applies to Y otherwise (onnxruntime ignores it)."""
 
     def __call__(self, X, coefficients=None, kernel_params=None, kernel_type="LINEAR", n_supports=0,
                  one_class=0, post_transform="NONE", rho=None, support_vectors=None):

@@ -102,3 +102,27 @@ def product(shape) -> int:
     for d in shape:
         p *= int(d)
     return p
+
+
+def on(xp, array):
+    """array in namespace xp (host copy for numpy, device copy for cupy)."""
+    if xp is np:
+        return to_host(array)
+    return xp.asarray(array)
+
+
+def assign_rows_last_wins(xp, target, rows, values) -> None:
+    """In place: target[rows] = values for a 2-D target (R, S), rows (M,), values (M, S);
+    for repeated rows the one that comes last wins, on NumPy and CuPy alike."""
+    if xp is np:
+        target[rows] = values  # NumPy assigns in order: the last one wins
+        return
+    if rows.size == 0:
+        return
+    import cupyx
+
+    order = xp.arange(rows.size, dtype=xp.int64)
+    winner = xp.full(target.shape[0], -1, dtype=xp.int64)
+    cupyx.scatter_max(winner, rows, order)
+    keep = winner[rows] == order
+    target[rows[keep]] = values[keep]

@@ -1,0 +1,1 @@
+"""Generator operators: EyeLike, Range and the random operators."""

@@ -1,0 +1,268 @@
+"""ArgMax, ArgMin and the Reduce* operators.
+
+Axes: an attribute before ReduceSum-13 / the others' opset 18, an optional int64 input
+from then on.  No axes (or an empty list) reduces over every axis, unless
+noop_with_empty_axes=1 (input-axes versions), when no axis is reduced but the
+non-reducing steps still apply (ReduceL1 -> |x|, ReduceL2 -> sqrt(x^2) = |x|,
+ReduceSumSquare -> x^2, ReduceLogSum -> log x, ReduceLogSumExp -> log(exp x)).
+
+Empty reductions: Sum, L1, L2, SumSquare give 0; Prod gives 1; Max gives -inf (floats),
+the type's minimum (integers) or False; Min gives +inf / the maximum / True; LogSum and
+LogSumExp give -inf; Mean gives NaN for floats and 0 for integers (the spec leaves it
+undefined).
+
+NaN propagates through every reduction (ReduceMax/ReduceMin like numpy.max).  Half types
+accumulate in float32 and round once.  Integer Sum/Prod/SumSquare/L1 wrap around on
+overflow; integer Mean truncates toward zero; integer L2/LogSum/LogSumExp are computed in
+float64 and converted toward zero.
+
+ArgMax/ArgMin: int64 indices; NaN counts as the extreme value (the first NaN wins, the
+last with select_last_index=1), as numpy.argmax/argmin do.  An empty reduced axis raises.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...dtypes import DataType
+from ..base import KernelBase, register
+from ._mathcommon import highest, lowest, normalize_axes, normalize_axis
+
+# first version whose axes come as an input
+_AXES_INPUT_SINCE = {"ReduceSum": 13}
+
+
+class _Reduce(KernelBase):
+    #: value of a reduction over no elements (None: computed per dtype)
+    empty_value = 0
+
+    def __call__(self, data, axes=None, keepdims=1, noop_with_empty_axes=0):
+        x = self.tensor(data, "data")
+        input_axes = self.since_version >= _AXES_INPUT_SINCE.get(self.op_type, 18)
+        if input_axes:
+            at = self.tensor(axes, "axes", optional=True)
+            self.check_inputs(x, at)
+            if at.is_absent:
+                axes_list = []
+            else:
+                if at.ndim > 1:
+                    raise self.error("axes must be a 1-D tensor", data=x, axes=at)
+                axes_list = [int(v) for v in np.asarray(at.numpy()).reshape(-1)]
+        else:
+            self.check_inputs(x)
+            if noop_with_empty_axes:
+                raise self.error(f"opset-{self.since_version} {self.op_type} has no attribute "
+                                 "noop_with_empty_axes", data=x)
+            if isinstance(axes, (list, tuple)) or axes is None:
+                axes_list = list(axes or [])
+            else:
+                axes_list = [int(v) for v in np.asarray(self.tensor(axes, "axes").numpy()).reshape(-1)]
+        xc = self.to_compute(x)
+        xp = self.xp
+        if not axes_list:
+            if noop_with_empty_axes:
+                with np.errstate(all="ignore"):
+                    y = self.elementwise(xp, xc)
+                return self.finish(y, x)
+            red = tuple(range(x.ndim))
+        else:
+            red = normalize_axes(self, axes_list, x.ndim, data=x)
+        if x.ndim == 0:
+            red = ()
+        out_shape = tuple(1 if i in red else d for i, d in enumerate(x.shape)) if keepdims else \
+            tuple(d for i, d in enumerate(x.shape) if i not in red)
+        count = int(np.prod([x.shape[i] for i in red], dtype=np.int64))
+        with np.errstate(all="ignore"):
+            if count == 0 and red:
+                y = xp.full(out_shape, self.empty(xc.dtype), dtype=self.out_dtype(xc.dtype))
+            elif not red:
+                y = self.elementwise(xp, xc)
+            else:
+                y = self.reduce(xp, xc, red, count)
+                if y.shape != out_shape:
+                    y = y.reshape(out_shape)
+        return self.finish(y, x)
+
+    def finish(self, y, x):
+        if y.dtype.kind == "f" and self.to_compute(x).dtype.kind in "iub":
+            y = _float_to_int(self.xp, y, self.to_compute(x).dtype)
+        return self.from_compute(self.xp.ascontiguousarray(y), x.data_type)
+
+    def out_dtype(self, dtype):
+        return dtype
+
+    def empty(self, dtype):
+        return self.empty_value
+
+    def elementwise(self, xp, x):
+        """The non-reducing steps applied to each element (noop_with_empty_axes=1)."""
+        return x.copy()
+
+    def reduce(self, xp, x, axes, count):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def _float_to_int(xp, y, dtype):
+    y = xp.trunc(y)
+    if dtype == np.bool_:
+        return y != 0
+    if dtype == np.uint64:
+        return y.astype(np.uint64)
+    return y.astype(np.int64).astype(dtype)
+
+
+def _int_acc(x):
+    """Keep integer accumulation in the input type (wrap-around)."""
+    return x.dtype if x.dtype.kind in "iu" else None
+
+
+@register()
+class ReduceSum(_Reduce):
+    def reduce(self, xp, x, axes, count):
+        return xp.sum(x, axis=axes, keepdims=True, dtype=_int_acc(x))
+
+
+@register()
+class ReduceMean(_Reduce):
+    def empty(self, dtype):
+        return np.nan if dtype.kind == "f" else 0
+
+    def reduce(self, xp, x, axes, count):
+        if x.dtype.kind in "iu":
+            acc = np.uint64 if x.dtype.kind == "u" else np.int64
+            s = xp.sum(x, axis=axes, keepdims=True, dtype=acc)
+            if x.dtype.kind == "u":
+                return (s // acc(count)).astype(x.dtype)
+            q = xp.abs(s) // count
+            return xp.where(s < 0, -q, q).astype(x.dtype)
+        return xp.mean(x, axis=axes, keepdims=True)
+
+
+@register()
+class ReduceProd(_Reduce):
+    empty_value = 1
+
+    def reduce(self, xp, x, axes, count):
+        return xp.prod(x, axis=axes, keepdims=True, dtype=_int_acc(x))
+
+
+@register()
+class ReduceMax(_Reduce):
+    def empty(self, dtype):
+        return lowest(dtype)
+
+    def reduce(self, xp, x, axes, count):
+        return xp.max(x, axis=axes, keepdims=True)
+
+
+@register()
+class ReduceMin(_Reduce):
+    def empty(self, dtype):
+        return highest(dtype)
+
+    def reduce(self, xp, x, axes, count):
+        return xp.min(x, axis=axes, keepdims=True)
+
+
+@register()
+class ReduceL1(_Reduce):
+    def elementwise(self, xp, x):
+        return xp.abs(x)
+
+    def reduce(self, xp, x, axes, count):
+        return xp.sum(xp.abs(x), axis=axes, keepdims=True, dtype=_int_acc(x))
+
+
+@register()
+class ReduceL2(_Reduce):
+    def elementwise(self, xp, x):
+        return xp.abs(x)
+
+    def reduce(self, xp, x, axes, count):
+        if x.dtype.kind in "iu":
+            x = x.astype(np.float64)
+        return xp.sqrt(xp.sum(x * x, axis=axes, keepdims=True))
+
+
+@register()
+class ReduceSumSquare(_Reduce):
+    def elementwise(self, xp, x):
+        return x * x
+
+    def reduce(self, xp, x, axes, count):
+        return xp.sum(x * x, axis=axes, keepdims=True, dtype=_int_acc(x))
+
+
+@register()
+class ReduceLogSum(_Reduce):
+    empty_value = -np.inf
+
+    def out_dtype(self, dtype):
+        return dtype if dtype.kind == "f" else np.float64
+
+    def elementwise(self, xp, x):
+        return xp.log(x.astype(np.float64) if x.dtype.kind in "iu" else x)
+
+    def reduce(self, xp, x, axes, count):
+        if x.dtype.kind in "iu":
+            x = x.astype(np.float64)
+        return xp.log(xp.sum(x, axis=axes, keepdims=True))
+
+
+@register()
+class ReduceLogSumExp(_Reduce):
+    empty_value = -np.inf
+
+    def out_dtype(self, dtype):
+        return dtype if dtype.kind == "f" else np.float64
+
+    def elementwise(self, xp, x):
+        x = x.astype(np.float64) if x.dtype.kind in "iu" else x
+        return xp.log(xp.exp(x))
+
+    def reduce(self, xp, x, axes, count):
+        if x.dtype.kind in "iu":
+            x = x.astype(np.float64)
+        m = xp.max(x, axis=axes, keepdims=True)
+        shift = xp.where(xp.isfinite(m), m, x.dtype.type(0))
+        s = xp.sum(xp.exp(x - shift), axis=axes, keepdims=True)
+        return xp.log(s) + shift
+
+
+class _Arg(KernelBase):
+    def __call__(self, data, axis=0, keepdims=1, select_last_index=0):
+        x = self.tensor(data, "data")
+        self.check_inputs(x)
+        axis = normalize_axis(self, axis, x.ndim, data=x)
+        xp = self.xp
+        xc = self.to_compute(x)
+        if x.ndim == 0:
+            xc = xc.reshape(1)
+        n = xc.shape[axis]
+        if n == 0:
+            raise self.error(f"cannot take {self.op_type} over the empty axis {axis}", data=x)
+        if select_last_index:
+            idx = self.pick(xp, xp.flip(xc, axis=axis), axis)
+            idx = (n - 1) - idx
+        else:
+            idx = self.pick(xp, xc, axis)
+        idx = idx.astype(np.int64, copy=False)
+        if keepdims:
+            idx = xp.expand_dims(idx, axis)
+        if x.ndim == 0:
+            idx = idx.reshape(())
+        return self.result(xp.ascontiguousarray(idx), DataType.INT64)
+
+
+@register()
+class ArgMax(_Arg):
+    @staticmethod
+    def pick(xp, x, axis):
+        return xp.argmax(x, axis=axis)
+
+
+@register()
+class ArgMin(_Arg):
+    @staticmethod
+    def pick(xp, x, axis):
+        return xp.argmin(x, axis=axis)

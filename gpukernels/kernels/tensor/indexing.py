@@ -1,0 +1,302 @@
+"""Gathering operators: Gather, GatherElements, GatherND, Compress, NonZero, OneHot,
+Unique, ReverseSequence.
+
+Indices may be int32 or int64 and negative (counting from the end).  Every index is
+range-checked (a min/max reduction) before the gather itself runs; an index out of range
+raises a KernelInputError naming the operator, the bad value and the axis size.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ... import dtypes
+from ...dtypes import DataType
+from ...tensor import Tensor
+from ..base import KernelBase, register
+from ._common import deliver, host_ints, norm_axis, on, product, xp_for
+
+
+def checked_indices(kernel, xp, idx, size: int, what: str = "indices", **inputs):
+    """idx (int32/int64 array) with negatives wrapped, after checking -size <= i < size."""
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -size or hi >= size:
+            bad = lo if lo < -size else hi
+            raise kernel.error(f"{what} value {bad} is out of range for an axis of size {size}", **inputs)
+    idx = idx.astype(xp.int64) if idx.dtype != np.int64 else idx
+    if idx.size and int(idx.min()) < 0:
+        idx = xp.where(idx < 0, idx + size, idx)
+    return idx
+
+
+@register()
+class Gather(KernelBase):
+    """out[..., i, ...] = data[..., indices[i], ...] along axis; ``out=`` writes into a
+    caller's buffer."""
+
+    def __call__(self, data, indices, axis=0, out=None):
+        x = self.tensor(data, "data")
+        i = self.tensor(indices, "indices")
+        self.check_inputs(x, i)
+        if x.ndim == 0:
+            raise self.error("data must have rank >= 1", data=x, indices=i)
+        ax = norm_axis(self, axis, x.ndim, data=x, indices=i)
+        xp = xp_for(self, x)
+        idx = checked_indices(self, xp, on(xp, i.array), x.shape[ax], data=x, indices=i)
+        res = xp.take(x.array, idx, axis=ax)
+        return deliver(self, Tensor.wrap(res, x.data_type), out)
+
+
+@register()
+class GatherElements(KernelBase):
+    """out[i][j][k] = data[indices[i][j][k]][j][k] (axis 0), output shaped like indices;
+    indices' other dimensions may be smaller than data's."""
+
+    def __call__(self, data, indices, axis=0):
+        x = self.tensor(data, "data")
+        i = self.tensor(indices, "indices")
+        self.check_inputs(x, i)
+        if x.ndim == 0 or i.ndim != x.ndim:
+            raise self.error("data and indices must have the same rank >= 1", data=x, indices=i)
+        ax = norm_axis(self, axis, x.ndim, data=x, indices=i)
+        for d in range(x.ndim):
+            if d != ax and i.shape[d] > x.shape[d]:
+                raise self.error(f"indices dimension {d} ({i.shape[d]}) exceeds data's ({x.shape[d]})",
+                                 data=x, indices=i)
+        xp = xp_for(self, x)
+        idx = checked_indices(self, xp, on(xp, i.array), x.shape[ax], data=x, indices=i)
+        src = x.array[tuple(slice(None) if d == ax else slice(0, i.shape[d]) for d in range(x.ndim))]
+        if idx.size == 0:
+            return Tensor.wrap(xp.empty(i.shape, dtype=x.array.dtype), x.data_type)
+        return Tensor.wrap(xp.take_along_axis(src, idx, axis=ax), x.data_type)
+
+
+def nd_linear_index(kernel, xp, idx, dims, **inputs):
+    """(..., k) index tuples into dims (k values) -> (...) linear indices, checked."""
+    k = idx.shape[-1]
+    lin = None
+    for j in range(k):
+        col = checked_indices(kernel, xp, idx[..., j], dims[j], f"indices[..., {j}]", **inputs)
+        lin = col if lin is None else lin * dims[j] + col
+    return lin
+
+
+@register()
+class GatherND(KernelBase):
+    """Gathers slices addressed by the index tuples in the last axis of indices, after
+    batch_dims leading batch axes (opset 12+)."""
+
+    def __call__(self, data, indices, batch_dims=0):
+        x = self.tensor(data, "data")
+        i = self.tensor(indices, "indices")
+        self.check_inputs(x, i)
+        b = int(batch_dims)
+        named = {"data": x, "indices": i}
+        r, q = x.ndim, i.ndim
+        if r < 1 or q < 1:
+            raise self.error("data and indices must have rank >= 1", **named)
+        if not 0 <= b < min(q, r):
+            raise self.error(f"batch_dims {b} must be in [0, min(rank(data), rank(indices)))", **named)
+        if x.shape[:b] != i.shape[:b]:
+            raise self.error("the batch dimensions of data and indices differ", **named)
+        k = i.shape[-1]
+        if not 1 <= k <= r - b:
+            raise self.error(f"indices.shape[-1] = {k} must be in [1, {r - b}]", **named)
+        xp = xp_for(self, x)
+        batch = product(x.shape[:b])
+        inner = x.shape[b:b + k]
+        rest = x.shape[b + k:]
+        out_shape = i.shape[:-1] + rest
+        idx = on(xp, i.array).reshape(batch, -1, k)
+        if idx.shape[1] == 0 or batch == 0:
+            return Tensor.wrap(xp.empty(out_shape, dtype=x.array.dtype), x.data_type)
+        lin = nd_linear_index(self, xp, idx, inner, **named)  # (batch, M)
+        src = x.array.reshape((batch, product(inner)) + rest)
+        res = src[xp.arange(batch)[:, None], lin]
+        return Tensor.wrap(res.reshape(out_shape), x.data_type)
+
+
+@register()
+class Compress(KernelBase):
+    """Keep the slices along axis (of the flattened input when axis is None) where
+    condition is True.  A condition shorter than the axis counts as False beyond its end;
+    a longer one raises."""
+
+    def __call__(self, input, condition, axis=None):
+        x = self.tensor(input, "input")
+        c = self.tensor(condition, "condition")
+        self.check_inputs(x, c)
+        if c.ndim != 1:
+            raise self.error("condition must be 1-D", input=x, condition=c)
+        xp = xp_for(self, x)
+        arr = x.array
+        if axis is None:
+            arr = arr.reshape(-1)
+            ax = 0
+        else:
+            ax = norm_axis(self, axis, x.ndim, input=x, condition=c)
+        n = arr.shape[ax]
+        if c.size > n:
+            raise self.error(f"condition has {c.size} entries for an axis of size {n}", input=x, condition=c)
+        cond = on(xp, c.array)
+        keep = xp.nonzero(cond.astype(bool))[0]
+        return Tensor.wrap(xp.take(arr, keep, axis=ax), x.data_type)
+
+
+@register()
+class NonZero(KernelBase):
+    """int64 [rank, count] indices of the nonzero elements in row-major order (a scalar
+    gives shape [0, count])."""
+
+    def __call__(self, X):
+        x = self.tensor(X, "X")
+        self.check_inputs(x)
+        xp = xp_for(self, x)
+        arr = x.array
+        if x.data_type == DataType.STRING:
+            mask = np.vectorize(lambda s: len(s) > 0, otypes=[bool])(arr) if arr.size else np.zeros(arr.shape, bool)
+        elif dtypes.info(x.data_type).is_exotic and self.on_gpu and dtypes.info(x.data_type).kind == "float":
+            mask = self.to_compute(x) != 0
+        else:
+            mask = arr != 0
+        if x.ndim == 0:
+            return Tensor.wrap(xp.zeros((0, int(bool(mask))), dtype=xp.int64), DataType.INT64)
+        nz = xp.nonzero(mask)
+        if not nz:
+            return Tensor.wrap(xp.zeros((0, 0), dtype=xp.int64), DataType.INT64)
+        return Tensor.wrap(xp.stack(nz).astype(xp.int64), DataType.INT64)
+
+
+@register()
+class OneHot(KernelBase):
+    """values = [off, on]; indices (any numeric type, truncated to integers) in
+    [-depth, depth) mark the on position (negatives count from the end); others give an
+    all-off row.  depth may be any numeric type (truncated) and must be positive."""
+
+    def __call__(self, indices, depth, values, axis=-1):
+        i = self.tensor(indices, "indices")
+        d = self.tensor(depth, "depth")
+        v = self.tensor(values, "values")
+        self.check_inputs(i, d, v)
+        named = {"indices": i, "depth": d, "values": v}
+        if d.size != 1:
+            raise self.error("depth must hold one value", **named)
+        if v.ndim != 1 or v.size != 2:
+            raise self.error("values must be [off_value, on_value]", **named)
+        depth_v = float(np.asarray(d.numpy(), dtype=np.float64).reshape(()))
+        if not np.isfinite(depth_v) or int(depth_v) < 1:
+            raise self.error(f"depth must be a positive number, got {depth_v}", **named)
+        n = int(depth_v)
+        r = i.ndim + 1
+        ax = norm_axis(self, axis, r, **named)
+        xp = xp_for(self, v)
+        idx = on(xp, self.to_compute(i) if dtypes.info(i.data_type).is_exotic else i.array)
+        if idx.dtype.kind == "f":
+            idx = xp.trunc(xp.where(xp.isfinite(idx), idx, -2.0 * n - 1))
+        idx = idx.astype(xp.int64)
+        idx = xp.where(idx < 0, idx + n, idx)
+        hot = xp.expand_dims(idx, ax) == xp.arange(n).reshape((n,) + (1,) * (r - 1 - ax))
+        vals = v.array
+        res = xp.where(hot, vals[1], vals[0])
+        return Tensor.wrap(res.astype(vals.dtype), v.data_type)
+
+
+@register()
+class Unique(KernelBase):
+    """Unique values (or slices along axis), sorted ascending (sorted=1) or in order of
+    first occurrence (sorted=0), with the first-occurrence indices, the inverse indices
+    and the counts.  NaNs never compare equal, so each NaN is its own unique value."""
+
+    class Result(NamedTuple):
+        Y: Tensor
+        indices: Tensor
+        inverse_indices: Tensor
+        counts: Tensor
+
+    def __call__(self, X, axis=None, sorted=1):
+        x = self.tensor(X, "X")
+        self.check_inputs(x)
+        xp = xp_for(self, x)
+        arr = x.array
+        if self.on_gpu and dtypes.info(x.data_type).is_exotic and dtypes.info(x.data_type).kind == "float":
+            keys = self.to_compute(x)
+        elif dtypes.info(x.data_type).is_exotic:
+            keys = arr.astype(np.float32 if dtypes.info(x.data_type).kind == "float" else np.int64)
+        else:
+            keys = arr
+        if axis is None:
+            rows = keys.reshape(-1, 1)
+            src = arr.reshape(-1)
+            ax = 0
+        else:
+            if x.ndim == 0:
+                raise self.error("axis given for a scalar", X=x)
+            ax = norm_axis(self, axis, x.ndim, X=x)
+            rows = xp.moveaxis(keys, ax, 0).reshape(x.shape[ax], -1)
+            src = arr
+        n = rows.shape[0]
+        if n == 0:
+            empty = xp.zeros(0, dtype=xp.int64)
+            return self.Result(Tensor.wrap(src[:0] if axis is None else src, x.data_type),
+                               Tensor.wrap(empty, DataType.INT64), Tensor.wrap(empty, DataType.INT64),
+                               Tensor.wrap(empty, DataType.INT64))
+        if rows.shape[1] == 1:
+            order = xp.argsort(rows[:, 0], kind="stable")
+        elif rows.shape[1] == 0:
+            order = xp.arange(n)
+        else:
+            order = xp.lexsort(rows.T[::-1])
+        srt = rows[order]
+        new = xp.ones(n, dtype=bool)
+        if n > 1:
+            new[1:] = xp.any(srt[1:] != srt[:-1], axis=1)
+        group = xp.cumsum(new) - 1
+        starts = xp.nonzero(new)[0]
+        first = order[starts]
+        counts = xp.diff(xp.concatenate([starts, xp.asarray([n])]))
+        inverse = xp.empty(n, dtype=xp.int64)
+        inverse[order] = group
+        if not sorted:
+            perm = xp.argsort(first, kind="stable")
+            rank = xp.empty_like(perm)
+            rank[perm] = xp.arange(perm.size)
+            first, counts, inverse = first[perm], counts[perm], rank[inverse]
+        y = xp.take(src, first, axis=ax)
+        i64 = lambda a: Tensor.wrap(a.astype(xp.int64), DataType.INT64)  # noqa: E731
+        return self.Result(Tensor.wrap(y, x.data_type), i64(first), i64(inverse), i64(counts))
+
+
+@register()
+class ReverseSequence(KernelBase):
+    """Reverse the first sequence_lens[b] steps along time_axis of each batch entry;
+    lengths must lie in [0, time steps]."""
+
+    def __call__(self, input, sequence_lens, batch_axis=1, time_axis=0):
+        x = self.tensor(input, "input")
+        s = self.tensor(sequence_lens, "sequence_lens")
+        self.check_inputs(x, s)
+        named = {"input": x, "sequence_lens": s}
+        if x.ndim < 2:
+            raise self.error("input must have rank >= 2", **named)
+        ba, ta = int(batch_axis), int(time_axis)
+        if {ba, ta} != {0, 1}:
+            raise self.error(f"batch_axis ({ba}) and time_axis ({ta}) must be 0 and 1", **named)
+        B, T = x.shape[ba], x.shape[ta]
+        lens = host_ints(self, s, "sequence_lens")
+        if len(lens) != B or s.ndim != 1:
+            raise self.error(f"sequence_lens must be 1-D with {B} entries", **named)
+        if any(v < 0 or v > T for v in lens):
+            raise self.error(f"sequence_lens values must lie in [0, {T}], got {lens}", **named)
+        xp = xp_for(self, x)
+        t = np.arange(T)[None, :]
+        ln = np.asarray(lens, dtype=np.int64)[:, None]
+        src = np.where(t < ln, ln - 1 - t, t)  # (B, T) source time index
+        if ta == 0:
+            src = src.T  # (T, B)
+        src = xp.asarray(src.reshape(src.shape + (1,) * (x.ndim - 2)))
+        return Tensor.wrap(xp.take_along_axis(x.array, src, axis=ta) if x.ndim == 2 else
+                           xp.take_along_axis(x.array, xp.broadcast_to(src, src.shape[:2] + x.shape[2:]), axis=ta),
+                           x.data_type)

@@ -1,0 +1,102 @@
+"""parity, profile and run --dump, end to end on small models."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from gpukernels.cli import main as cli_main
+from gpukernels.kernels import kernel_class
+from gpukernels.parity import Side, compare
+
+
+def _mlp(path=None):
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("Add", ["h", "b1"], ["hb"], name="bias1"),
+             helper.make_node("Relu", ["hb"], ["a"], name="act"),
+             helper.make_node("MatMul", ["a", "w2"], ["logits"], name="fc2"),
+             helper.make_node("Softmax", ["logits"], ["probs"], name="softmax")]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                          [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["n", 4])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 9
+    if path:
+        onnx.save(m, str(path))
+    return m
+
+
+class _FaultyRelu(kernel_class("Relu")):
+    """Relu that leaks a little of the negative part: a plausible kernel bug."""
+
+    def compute(self, xp, x):
+        return xp.where(x > 0, x, 0.01 * x)
+
+
+def test_parity_finds_exactly_the_faulty_node():
+    report = compare(_mlp(), sides=[Side("cpu"), Side("cpu-faulty", options={"kernel_overrides": {"Relu": _FaultyRelu}})],
+                     all_nodes=True)
+    assert not report.passed
+    side, = report.sides
+    assert side.first_divergence.node == "act" and side.first_divergence.op_type == "Relu"
+    by_name = {v.name: v for v in side.values}
+    assert by_name["h"].passed and by_name["hb"].passed and not by_name["a"].passed
+    assert by_name["a"].min_atol > 0 and 0 < by_name["a"].outside <= 1
+
+
+def test_parity_against_runtimes_passes(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    _mlp(path)
+    for against in ("onnxruntime", "reference"):
+        report = compare(str(path), devices=["cpu"], against=against, all_nodes=True)
+        assert report.passed, report
+
+
+def test_parity_cli_save_then_load(tmp_path, capsys):
+    path = tmp_path / "mlp.onnx"
+    _mlp(path)
+    assert cli_main(["parity", str(path), "--devices", "cpu", "--against", "onnxruntime",
+                     "--save", str(tmp_path / "saved")]) == 0
+    assert "PASSED" in capsys.readouterr().out
+    assert cli_main(["parity", str(path), "--devices", "cpu", "--load", str(tmp_path / "saved"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] and data["baseline"].startswith("saved:")
+
+
+def test_parity_without_gpu_exits_distinctly(tmp_path, capsys):
+    from gpukernels.xp import cuda_status
+
+    if cuda_status().available:
+        pytest.skip("a GPU is usable here")
+    path = tmp_path / "mlp.onnx"
+    _mlp(path)
+    assert cli_main(["parity", str(path), "--devices", "cpu,cuda"]) == 3
+    err = capsys.readouterr().err
+    assert "not usable" in err and "Traceback" not in err
+
+
+def test_run_dump_writes_every_intermediate(tmp_path, capsys):
+    path = tmp_path / "mlp.onnx"
+    _mlp(path)
+    assert cli_main(["run", str(path), "--device", "cpu", "--dump", str(tmp_path / "dump"), "--dim", "n=3"]) == 0
+    index = json.loads((tmp_path / "dump" / "index.json").read_text())
+    assert [e["value"] for e in index["values"]] == ["h", "hb", "a", "logits", "probs"]
+    with np.load(tmp_path / "dump" / "intermediates.npz") as z:
+        assert z[index["values"][0]["key"]].shape == (3, 16)
+
+
+def test_profile_lists_every_op_type(tmp_path, capsys):
+    path = tmp_path / "mlp.onnx"
+    _mlp(path)
+    assert cli_main(["profile", str(path), "--device", "cpu", "--repeat", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["operators"]) == {"MatMul", "Add", "Relu", "Softmax"}
+    assert data["model_seconds_free"] > 0 and len(data["nodes"]) == 5
+    import gpukernels
+
+    assert gpukernels.profile(str(path), repeat=2).device == "cpu"
