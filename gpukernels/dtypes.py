@@ -80,7 +80,7 @@ class DTypeInfo:
     @property
     def is_exotic(self) -> bool:
         """True when NumPy itself has no such type (held with ml_dtypes on the host)."""
-        return self.numpy.type.__module__.startswith("ml_dtypes")
+        return self.data_type in _EXOTIC
 
 
 def _info(dt, np_type, bits, kind, storage=None, compute=None) -> DTypeInfo:
@@ -129,6 +129,7 @@ _TABLE = [
 ]
 
 _BY_TYPE: dict[int, DTypeInfo] = {i.data_type: i for i in _TABLE}
+_EXOTIC = frozenset(i.data_type for i in _TABLE if i.numpy.type.__module__.startswith("ml_dtypes"))
 _BY_NUMPY: dict[np.dtype, DTypeInfo] = {}
 for _i in _TABLE:
     _BY_NUMPY.setdefault(_i.numpy, _i)
@@ -144,6 +145,9 @@ PACKED_TYPES = tuple(i.data_type for i in _TABLE if i.bits < 8 and i.kind != "st
 def info(data_type: int | str | np.dtype | type) -> DTypeInfo:
     """The DTypeInfo for an ONNX enum value, an ONNX name ('FLOAT', 'tensor(float)') or
     a NumPy dtype."""
+    found = _BY_TYPE.get(data_type) if data_type.__class__ is not bool else None
+    if found is not None:
+        return found
     if isinstance(data_type, (int, np.integer)) and not isinstance(data_type, bool):
         try:
             return _BY_TYPE[int(data_type)]

@@ -9,7 +9,7 @@
 //   gk::Vec<T, N>, load_vec, store_vec  N elements moved as one aligned transaction
 //   gk::load_as_float / store_from_float  N elements converted to / from float registers
 //   gk::warp_sum / warp_max       butterfly reductions over a full warp (all 32 lanes must call)
-//   gk::ceil_div
+//   gk::ceil_div, gk::select_t<cond, T, F>
 #pragma once
 #ifndef GK_COMMON_CUH
 #define GK_COMMON_CUH
@@ -26,6 +26,11 @@ typedef unsigned long long u64;
 
 template <class T>
 __device__ __forceinline__ T ceil_div(T a, T b) { return (a + b - 1) / b; }
+
+// std::conditional without <type_traits> (NVRTC has no standard headers).
+template <bool B, class T, class F> struct select_type { typedef T type; };
+template <class T, class F> struct select_type<false, T, F> { typedef F type; };
+template <bool B, class T, class F> using select_t = typename select_type<B, T, F>::type;
 
 // ------------------------------------------------------------------ conversions
 __device__ __forceinline__ float to_float(float x) { return x; }

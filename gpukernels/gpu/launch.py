@@ -257,6 +257,13 @@ class CupyBackend:
                 _modules[key] = fn
         return fn
 
+    @staticmethod
+    def dtype_for(data_type):
+        """The array dtype that holds an ONNX element type here (its GPU storage type)."""
+        from .. import dtypes
+
+        return dtypes.info(data_type).storage
+
     def empty(self, shape, dtype):
         with self.xp.cuda.Device(self.device.index):
             return self.xp.empty(tuple(int(s) for s in shape), dtype=dtype)
@@ -276,7 +283,9 @@ class CupyBackend:
             with self.xp.cuda.Device(self.device.index):
                 if shared_mem > 48 * 1024:
                     fn.max_dynamic_shared_size_bytes = int(shared_mem)
-                fn(grid, block, tuple(args), shared_mem=int(shared_mem))
+                # None stands for a null pointer (an absent optional input)
+                args = tuple(np.uint64(0) if a is None else a for a in args)
+                fn(grid, block, args, shared_mem=int(shared_mem))
                 if self.sync:
                     self.xp.cuda.get_current_stream().synchronize()
         except CudaKernelError:

@@ -140,6 +140,10 @@ def registered() -> dict[tuple[str, str], list[int]]:
 
 # ------------------------------------------------------------------ helpers
 
+# Element types whose compute dtype is the type itself, on both devices.
+_NATIVE_COMPUTE = {i.data_type: i.numpy for i in dtypes._TABLE
+                   if i.compute == i.numpy and i.storage == i.numpy and i.kind != "string"}
+
 
 def describe(value) -> str:
     """'float32[2, 3]' for a Tensor or array, 'seq<float32>[4]', 'absent', ..."""
@@ -239,6 +243,9 @@ class KernelBase:
     # --- inputs
     def tensor(self, value, name: str = "input", optional: bool = False) -> Tensor:
         """value as a Tensor on this kernel's device; None/absent allowed when optional."""
+        if value.__class__ is Tensor and value.array is not None and \
+                (value.array.__class__ is np.ndarray) != self.ctx.device.is_cuda:
+            return value  # fast path: already a tensor on this kernel's device
         if value is None or (isinstance(value, Tensor) and value.array is None):
             if optional:
                 return Tensor()
@@ -262,8 +269,10 @@ class KernelBase:
     def to_compute(self, t: Tensor, dtype=None):
         """The tensor's values as an array in its compute dtype (float32 for half and
         smaller floats), or in dtype when given."""
-        info = dtypes.info(t.data_type)
         arr = t.array
+        if dtype is None and t.data_type in _NATIVE_COMPUTE:
+            return arr  # computed in its own type (float32, float64, integers, bool)
+        info = dtypes.info(t.data_type)
         if info.is_exotic and info.kind == "float" and self.on_gpu:
             from ..codec import decode
 
@@ -273,6 +282,8 @@ class KernelBase:
 
     def from_compute(self, array, data_type, saturate: bool = True) -> Tensor:
         """Round a compute array once into data_type and wrap it."""
+        if data_type in _NATIVE_COMPUTE and array.dtype == _NATIVE_COMPUTE[data_type]:
+            return Tensor.wrap(array, data_type)
         info = dtypes.info(data_type)
         if info.is_exotic and info.kind == "float" and self.on_gpu:
             from ..codec import encode
@@ -347,7 +358,10 @@ def schema_input_types(op_type: str, domain: str, version: int):
 
 
 def _check_schema_types(kernel: "KernelBase", inputs) -> None:
-    formals = schema_input_types(kernel.op_type, kernel.domain, kernel.since_version)
+    formals = kernel.__dict__.get("_formals")
+    if formals is None:
+        formals = kernel.__dict__["_formals"] = schema_input_types(
+            kernel.op_type, kernel.domain, kernel.since_version)
     if not formals:
         return
     bound: dict[str, Tensor] = {}

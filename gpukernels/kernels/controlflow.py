@@ -29,8 +29,7 @@ from ..dtypes import DataType
 from ..tensor import Optional, Sequence, Tensor
 from ..xp import is_cupy_array
 from .base import describe, register
-from .sequence import (SequenceKernelBase, allowed_types, check_body_outputs, declared_kind,
-                       declared_kinds, prepare_body, value_elem_type, value_kind)
+from .sequence import SequenceKernelBase, check_schema_value, declared_kind, prepare_body
 
 _UNSET = object()
 
@@ -62,24 +61,7 @@ class _ControlFlowBase(SequenceKernelBase):
 
     def check_value_type(self, value, where: str, type_param: str = "V") -> None:
         """Raise unless the schema at this version allows the value's kind and element type."""
-        kind = value_kind(value)
-        if kind == "opt":
-            kind = "opt_tensor"
-            if not allowed_types(self.op_type, self.since_version, type_param, kind):
-                raise self.type_error(f"{where} is an optional, which opset-{self.since_version} "
-                                      f"{self.op_type} does not allow")
-            return
-        if kind == "absent":
-            raise self.error(f"{where} is missing")
-        if kind not in ("tensor", "seq", "opt_tensor", "opt_seq"):
-            raise self.type_error(f"{where} is a {kind}, not an ONNX value")
-        allowed = allowed_types(self.op_type, self.since_version, type_param, kind)
-        if allowed is None:
-            return
-        et = value_elem_type(value)
-        if not allowed or (et is not None and et not in allowed):
-            raise self.type_error(f"{where} is {describe(value)}, which opset-{self.since_version} "
-                                  f"{self.op_type} does not allow")
+        check_schema_value(self, value, where, type_param)
 
     def value_here(self, value, where: str):
         """A loop-carried / scanned value on this kernel's device."""
@@ -182,10 +164,10 @@ class If(_ControlFlowBase):
             raise self.error(f"{'then' if c else 'else'}_branch must take no inputs, it declares "
                              f"{len(graph.input)}")
         name = "then_branch" if c else "else_branch"
-        outs = prepare_body(self, graph).run([], parent=self.outer_scope)
-        check_body_outputs(self, name, outs, declared_kinds(graph.output))
-        for k, v in enumerate(outs):
-            self.check_value_type(v, f"{name} output {k}")
+        plan = prepare_body(self, graph)
+        checker = self.output_checker(graph, name, schema=("V", 0))
+        outs = plan.run([], parent=self.outer_scope)
+        checker(outs)
         return _pack(outs)
 
 
@@ -224,19 +206,18 @@ class Loop(_ControlFlowBase):
                              f"at least {1 + n} (cond, state..., scan outputs...)")
         plan = prepare_body(self, body)
         parent = self.outer_scope
-        declared_out = declared_kinds(body.output)
-        wrap = [declared_kind(v)[0] in ("opt_tensor", "opt_seq", "opt") for v in body.input[2:]]
-        wrap = wrap if any(wrap) else None
-        in_types = [v.type for v in body.input[2:]]
-        unused = _unused_inputs(body)
+        checker = self.output_checker(body, "body", schema=("V", 1))
+        declared_out = checker.declared
+        wrap, in_types, unused = self.per_graph(body, "inputs", lambda: _loop_inputs(body))
 
         def step(it, c, state):
             outs = plan.run([it, c, *state], parent=parent)
-            check_body_outputs(self, "body", outs, declared_out)
+            checker(outs)
             return outs
 
         return self._run(M, cond, v_initial, step, n, scan_types=declared_out[1 + n:],
-                         wrap=wrap, in_types=in_types, pass_iteration=0 not in unused)
+                         wrap=wrap, in_types=in_types, pass_iteration=0 not in unused,
+                         check_states=False)
 
     # ------------------------------------------------------------ other forms
     def run_callback(self, M=None, cond=None, initial_values=(), body=None, scan_output_types=None):
@@ -319,7 +300,7 @@ class Loop(_ControlFlowBase):
         return int(np.asarray(t.numpy()).reshape(-1)[0])
 
     def _run(self, M, cond, initial_values, step, n, scan_types=None, wrap=None, in_types=None,
-             pass_iteration=True):
+             pass_iteration=True, check_states=True):
         trip = self._trip_count(M)
         cond_given = cond is not None and not (isinstance(cond, Tensor) and cond.is_absent)
         keep_going = self.flag(cond, "cond") if cond_given else True
@@ -346,8 +327,9 @@ class Loop(_ControlFlowBase):
                 keep_going = self.flag(c_out, "body output cond")
                 cond_t = c_out
             state = outs[1:1 + n]
-            for j, v in enumerate(state):
-                self.check_value_type(v, f"body output {1 + j} (loop-carried value {j})")
+            if check_states:
+                for j, v in enumerate(state):
+                    self.check_value_type(v, f"body output {1 + j} (loop-carried value {j})")
             if scans is None:
                 scans = [[] for _ in range(len(outs) - 1 - n)]
             elif len(outs) - 1 - n != len(scans):
@@ -450,11 +432,12 @@ class Scan(_ControlFlowBase):
             sliced.append(self._steps(x, a, rev))
         plan = prepare_body(self, body)
         parent = self.outer_scope
-        declared = declared_kinds(body.output)
+        checker = self.output_checker(body, "body", schema=("V", 0))
+        declared = checker.declared
 
         def run(args):
             outs = plan.run(args, parent=parent)
-            check_body_outputs(self, "body", outs, declared)
+            checker(outs)
             return outs
 
         final, columns = self._loop(run, states, sliced, length, n, k)
@@ -495,9 +478,6 @@ class Scan(_ControlFlowBase):
             args = states + [wrap(arr[t, ...], dt) for arr, dt in sliced]
             outs = run(args)
             states = outs[:n]
-            for j, v in enumerate(states):
-                if not isinstance(v, Tensor):
-                    raise self.type_error(f"body output {j} (a state) must be a tensor, got {describe(v)}")
             for col, v in zip(columns, outs[n:]):
                 col.append(v)
         return states, columns
@@ -579,11 +559,12 @@ class Scan(_ControlFlowBase):
                 raise self.error(f"sequence_lens values {lens} must lie in [0, {length}]", sequence_lens=sl)
         plan = prepare_body(self, body)
         parent = self.outer_scope
-        declared = declared_kinds(body.output)
+        checker = self.output_checker(body, "body", schema=("V", 0))
+        declared = checker.declared
 
         def run(args):
             outs = plan.run(args, parent=parent)
-            check_body_outputs(self, "body", outs, declared)
+            checker(outs)
             return outs
 
         finals = [[] for _ in range(n)]
@@ -650,6 +631,13 @@ def _declared_from(t):
     if isinstance(t, tuple) and len(t) == 2:
         return "tensor", int(dtypes.info(t[0]).data_type), [int(d) for d in t[1]]
     return "tensor", int(dtypes.info(t).data_type), None
+
+
+def _loop_inputs(body):
+    """(which state inputs are declared optional or None, their TypeProtos, indices of
+    unused formal inputs) for a Loop body."""
+    wrap = [declared_kind(v)[0] in ("opt_tensor", "opt_seq", "opt") for v in body.input[2:]]
+    return (wrap if any(wrap) else None), [v.type for v in body.input[2:]], _unused_inputs(body)
 
 
 _USED_CACHE: dict = {}

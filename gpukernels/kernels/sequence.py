@@ -117,6 +117,24 @@ class SequenceKernelBase(KernelBase):
                              **{name: t})
         return p + n if p < 0 else p
 
+    def per_graph(self, graph, tag: str, factory):
+        """factory() computed once per (subgraph object, tag) and kept on this kernel, so
+        a node run many times (inside a loop body) prepares its checks once."""
+        cache = self.__dict__.setdefault("_per_graph", {})
+        key = (id(graph), tag)
+        entry = cache.get(key)
+        if entry is not None and entry[0] is graph:
+            return entry[1]
+        value = factory()
+        if len(cache) > 64:
+            cache.clear()
+        cache[key] = (graph, value)
+        return value
+
+    def output_checker(self, graph, what: str, schema=None) -> "OutputChecker":
+        return self.per_graph(graph, "checker:" + what,
+                              lambda: OutputChecker(self, what, graph.output, schema=schema))
+
     def xp_for(self, data_type):
         """The array namespace for a tensor type: STRING tensors always use NumPy."""
         return np if data_type == DataType.STRING else self.xp
@@ -364,12 +382,13 @@ class SequenceMap(SequenceKernelBase):
         if n_out < 1:
             raise self.error("body must have at least one output")
         plan = prepare_body(self, body)
-        declared = declared_kinds(body.output)
+        checker = self.output_checker(body, "body")
+        parent = self.outer_scope
         per_iteration = []
         for i in range(n):
             args = [first.tensors[i]] + [e.tensors[i] if isinstance(e, Sequence) else e for e in extras]
-            outs = plan.run(args, parent=self.outer_scope)
-            check_body_outputs(self, "body", outs, declared)
+            outs = plan.run(args, parent=parent)
+            checker(outs)
             per_iteration.append(outs)
         return self.assemble(per_iteration, body.output, n_outputs=n_out)
 
@@ -529,17 +548,85 @@ def check_body_outputs(kernel: KernelBase, what: str, outputs, declared) -> None
     declared type.  Undeclared types are not checked."""
     if len(outputs) != len(declared):
         raise kernel.error(f"{what} produced {len(outputs)} outputs, it declares {len(declared)}")
-    for k, (v, (kind, et, _)) in enumerate(zip(outputs, declared)):
-        if not kind:
-            continue
-        got = value_kind(v)
-        if got not in _COMPATIBLE[kind]:
-            raise kernel.type_error(f"{what} output {k} is {describe(v)}, it declares {_kind_text(kind, et)}")
-        if et:
-            vet = value_elem_type(v)
-            if vet is not None and int(vet) != et:
-                raise kernel.type_error(f"{what} output {k} has element type {dtypes.describe(vet)}, "
-                                        f"it declares {_kind_text(kind, et)}")
+    for k, (v, d) in enumerate(zip(outputs, declared)):
+        check_one_output(kernel, what, k, v, d)
+
+
+class OutputChecker:
+    """check_body_outputs prepared once per subgraph: outputs declared as tensors of a
+    known element type are checked with two attribute reads per iteration; the rest
+    (and any mismatch) go through the full check.  With schema=(kernel, type_param,
+    first_index), declared types from first_index on are checked against the kernel's
+    schema once, here, and values whose type is not declared on every call."""
+
+    __slots__ = ("kernel", "what", "declared", "fast", "schema_param", "schema_from", "n")
+
+    def __init__(self, kernel: KernelBase, what: str, value_infos, schema=None):
+        self.kernel = kernel
+        self.what = what
+        self.declared = declared_kinds(value_infos)
+        self.n = len(self.declared)
+        self.fast = [DataType(et) if kind == "tensor" and et else None for kind, et, _ in self.declared]
+        self.schema_param, self.schema_from = (schema[0], schema[1]) if schema else (None, 0)
+        if schema:
+            for k in range(self.schema_from, self.n):
+                kind, et = self.declared[k][:2]
+                if kind and et:
+                    allowed = allowed_types(kernel.op_type, kernel.since_version, self.schema_param, kind)
+                    if allowed is not None and et not in allowed:
+                        raise kernel.type_error(
+                            f"{what} output {k} is declared {_kind_text(kind, et)}, which opset-"
+                            f"{kernel.since_version} {kernel.op_type} does not allow")
+                else:
+                    self.fast[k] = None
+
+    def __call__(self, outputs) -> None:
+        if len(outputs) != self.n:
+            check_body_outputs(self.kernel, self.what, outputs, self.declared)
+        for k, (v, et) in enumerate(zip(outputs, self.fast)):
+            if et is None or v.__class__ is not Tensor or v.data_type != et or v.array is None:
+                self.slow(k, v)
+
+    def slow(self, k, v) -> None:
+        check_one_output(self.kernel, self.what, k, v, self.declared[k])
+        if self.schema_param is not None and k >= self.schema_from:
+            check_schema_value(self.kernel, v, f"{self.what} output {k}", self.schema_param)
+
+
+def check_one_output(kernel: KernelBase, what: str, k: int, v, declared) -> None:
+    kind, et, _ = declared
+    if not kind:
+        return
+    got = value_kind(v)
+    if got not in _COMPATIBLE[kind]:
+        raise kernel.type_error(f"{what} output {k} is {describe(v)}, it declares {_kind_text(kind, et)}")
+    if et:
+        vet = value_elem_type(v)
+        if vet is not None and int(vet) != et:
+            raise kernel.type_error(f"{what} output {k} has element type {dtypes.describe(vet)}, "
+                                    f"it declares {_kind_text(kind, et)}")
+
+
+def check_schema_value(kernel: KernelBase, value, where: str, type_param: str = "V") -> None:
+    """Raise unless the kernel's schema at its version allows the value's kind and
+    element type for type_param."""
+    kind = value_kind(value)
+    if kind == "opt":
+        if not allowed_types(kernel.op_type, kernel.since_version, type_param, "opt_tensor"):
+            raise kernel.type_error(f"{where} is an optional, which opset-{kernel.since_version} "
+                                    f"{kernel.op_type} does not allow")
+        return
+    if kind == "absent":
+        raise kernel.error(f"{where} is missing")
+    if kind not in ("tensor", "seq", "opt_tensor", "opt_seq"):
+        raise kernel.type_error(f"{where} is a {kind}, not an ONNX value")
+    allowed = allowed_types(kernel.op_type, kernel.since_version, type_param, kind)
+    if allowed is None:
+        return
+    et = value_elem_type(value)
+    if not allowed or (et is not None and et not in allowed):
+        raise kernel.type_error(f"{where} is {describe(value)}, which opset-{kernel.since_version} "
+                                f"{kernel.op_type} does not allow")
 
 
 def _kind_text(kind: str, et: int) -> str:

@@ -108,7 +108,8 @@ class PreparedNode:
     """One node ready to run: a kernel and its bound attributes, or a function call."""
 
     __slots__ = ("node", "name", "op_type", "domain", "inputs", "outputs", "kernel", "attrs",
-                 "function", "needs_scope", "since_version", "schema_function", "_expanded")
+                 "function", "needs_scope", "since_version", "schema_function", "_expanded",
+                 "n_outputs", "requested")
 
     def __init__(self, node: onnx.NodeProto):
         self.node = node
@@ -124,6 +125,10 @@ class PreparedNode:
         self.needs_scope = False
         self.since_version = None
         self._expanded = {}          # input-type signature -> PreparedGraph
+        self.n_outputs = sum(1 for o in self.outputs if o)
+        # which outputs the graph uses, when not all of them (kernels may skip the rest)
+        self.requested = tuple(bool(o) for o in self.outputs) \
+            if len(self.outputs) > 1 or (self.outputs and not self.outputs[0]) else None
 
     def describe(self) -> str:
         return f"node '{self.name}' ({self.domain or 'ai.onnx'}::{self.op_type})"
@@ -282,8 +287,8 @@ class PreparedGraph:
                 k = p.kernel
                 if p.needs_scope:
                     k.outer_scope = scope
-                if len(p.outputs) > 1 or (p.outputs and not p.outputs[0]):
-                    k.requested_outputs = tuple(bool(o) for o in p.outputs)
+                if p.requested is not None:
+                    k.requested_outputs = p.requested
                 result = k(*args, **p.attrs)
                 if observer is not None and getattr(observer, "synchronize", False):
                     from ..xp import synchronize
@@ -300,8 +305,8 @@ class PreparedGraph:
         except (ValueError, TypeError, IndexError, KeyError, ArithmeticError, RuntimeError,
                 NotImplementedError, AttributeError, AssertionError) as exc:
             raise self._wrap(p, args, exc) from exc
-        outputs = _as_outputs(result)
-        if len(outputs) < sum(1 for o in p.outputs if o):
+        outputs = [result] if result.__class__ is Tensor else _as_outputs(result)
+        if len(outputs) < p.n_outputs:
             raise self._wrap(p, args, ModelError(
                 f"kernel returned {len(outputs)} output(s), the node names {len(p.outputs)}"))
         values = scope.values

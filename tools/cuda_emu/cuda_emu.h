@@ -582,7 +582,6 @@ inline unsigned __activemask() {
   return W.exists & ~W.done;
 }
 inline long long clock64() { static thread_local long long t = 0; return t += 1; }
-inline int clock() { return (int)clock64(); }
 
 template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
   int lane = gk_emu::lane_id();

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...dtypes import DataType
 from ..base import KernelBase, register
 from ..math._elementwise import BinaryKernel, UnaryKernel
 

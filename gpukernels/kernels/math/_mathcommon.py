@@ -10,7 +10,7 @@ from ...xp import is_cupy_array
 
 # ---------------------------------------------------------------- blocked evaluation
 
-_BLOCK = 1 << 15  # elements per block: a few float32 temporaries stay in L2
+_BLOCK = 1 << 14  # elements per block: a few float32 temporaries stay in L2
 
 
 def blockwise(xp, fn, x, out_dtype=None, *others):
@@ -259,3 +259,10 @@ class XUnary(MathUnary):
 
     def __call__(self, X, consumed_inputs=None):
         return self.apply(X, "X")
+
+
+def contiguous(xp, a):
+    """A C-contiguous array with a's shape (xp.ascontiguousarray turns 0-D into 1-D)."""
+    if a.ndim == 0:
+        return xp.array(a, copy=True)
+    return xp.ascontiguousarray(a)

@@ -19,6 +19,7 @@ import string
 import numpy as np
 
 from ..base import KernelBase, register
+from ._mathcommon import contiguous
 
 _LETTERS = set(string.ascii_letters)
 
@@ -121,6 +122,19 @@ def _matmul_einsum(xp, ta, tb, out, a, b, sizes):
     return xp.transpose(y, [order.index(ch) for ch in out])
 
 
+def _canonical(eq: str) -> str:
+    """The equation with its letters renamed to a, b, c... in order of appearance (when at
+    most 26 are used), so array libraries that only take lower case accept it."""
+    seen: dict = {}
+    for ch in eq:
+        if ch in _LETTERS and ch not in seen:
+            seen[ch] = None
+    if len(seen) > 26:
+        return eq
+    table = {ch: string.ascii_lowercase[i] for i, ch in enumerate(seen)}
+    return "".join(table.get(ch, ch) for ch in eq)
+
+
 @register()
 class Einsum(KernelBase):
     def __call__(self, *Inputs, equation=None):
@@ -140,12 +154,12 @@ class Einsum(KernelBase):
         if len(arrays) == 2 and all(s > 0 for s in sizes.values()):
             y = _matmul_einsum(xp, terms[0], terms[1], out, arrays[0], arrays[1], sizes)
         if y is None:
-            eq = ",".join(terms) + "->" + out
+            eq = _canonical(",".join(terms) + "->" + out)
             if len(arrays) > 2:
                 y = xp.einsum(eq, *arrays, optimize=True)
             else:
                 y = xp.einsum(eq, *arrays)
-        y = xp.ascontiguousarray(y)
+        y = contiguous(xp, y)
         if y.dtype != arrays[0].dtype:
             y = y.astype(arrays[0].dtype)
         return self.from_compute(y, ts[0].data_type)

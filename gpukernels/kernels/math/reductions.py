@@ -26,7 +26,7 @@ import numpy as np
 
 from ...dtypes import DataType
 from ..base import KernelBase, register
-from ._mathcommon import highest, lowest, normalize_axes, normalize_axis
+from ._mathcommon import contiguous, highest, lowest, normalize_axes, normalize_axis
 
 # first version whose axes come as an input
 _AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -86,7 +86,7 @@ class _Reduce(KernelBase):
     def finish(self, y, x):
         if y.dtype.kind == "f" and self.to_compute(x).dtype.kind in "iub":
             y = _float_to_int(self.xp, y, self.to_compute(x).dtype)
-        return self.from_compute(self.xp.ascontiguousarray(y), x.data_type)
+        return self.from_compute(contiguous(self.xp, y), x.data_type)
 
     def out_dtype(self, dtype):
         return dtype
@@ -246,12 +246,12 @@ class _Arg(KernelBase):
             idx = (n - 1) - idx
         else:
             idx = self.pick(xp, xc, axis)
-        idx = idx.astype(np.int64, copy=False)
+        idx = xp.asarray(idx).astype(np.int64, copy=False)
         if keepdims:
             idx = xp.expand_dims(idx, axis)
         if x.ndim == 0:
             idx = idx.reshape(())
-        return self.result(xp.ascontiguousarray(idx), DataType.INT64)
+        return self.result(contiguous(xp, idx), DataType.INT64)
 
 
 @register()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import KernelBase, register
-from ._mathcommon import normalize_axis
 
 
 class _Scan(KernelBase):
@@ -23,7 +22,10 @@ class _Scan(KernelBase):
             raise self.error("axis must be a 0-D (or one-element) tensor", x=t, axis=at)
         if t.ndim == 0:
             raise self.error("x must have at least one dimension", x=t, axis=at)
-        ax = normalize_axis(self, int(np.asarray(at.numpy()).reshape(-1)[0]), t.ndim, x=t, axis=at)
+        ax = int(np.asarray(at.numpy()).reshape(-1)[0])
+        if not -t.ndim <= ax < t.ndim:
+            raise self.error(f"axis {ax} is out of range for rank {t.ndim}", x=t, axis=at)
+        ax %= t.ndim
         xp = self.xp
         xc = self.to_compute(t)
         if xc.size == 0:

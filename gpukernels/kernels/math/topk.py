@@ -38,23 +38,40 @@ def _order_asc(xp, v):
     return xp.argsort(v, axis=-1, kind="stable") if xp is np else xp.argsort(v, axis=-1)
 
 
+def _tie_aware_select(xp, v, k, largest):
+    """Columns [rows, k] of the k best of each row, ties at the k-th value resolved toward
+    lower indices; returned in ascending column order."""
+    rows, n = v.shape
+    if largest:
+        thr = xp.partition(v, n - k, axis=-1)[:, n - k:n - k + 1]
+        better = v > thr
+    else:
+        thr = xp.partition(v, k - 1, axis=-1)[:, k - 1:k]
+        better = v < thr
+    equal = v == thr
+    need = k - better.sum(axis=-1, keepdims=True)
+    take = better | (equal & (xp.cumsum(equal, axis=-1) <= need))
+    return xp.nonzero(take)[1].reshape(rows, k)
+
+
 def topk_rows(xp, v, k, largest):
     """Indices [rows, k] of the top k of each row of the 2-D array v, in output order."""
     rows, n = v.shape
     if k == 0:
         return xp.zeros((rows, 0), dtype=np.int64)
     if k * 8 < n and n > 64 and not (v.dtype.kind == "f" and bool(xp.isnan(v).any())):
-        # threshold = k-th best value of each row
-        if largest:
-            thr = xp.partition(v, n - k, axis=-1)[:, n - k:n - k + 1]
-            better = v > thr
-        else:
-            thr = xp.partition(v, k - 1, axis=-1)[:, k - 1:k]
-            better = v < thr
-        equal = v == thr
-        need = k - better.sum(axis=-1, keepdims=True)
-        take = better | (equal & (xp.cumsum(equal, axis=-1) <= need))
-        cols = xp.nonzero(take)[1].reshape(rows, k)  # ascending index within each row
+        # candidates by a partial selection; rows where the k-th value is tied with values
+        # left out are redone with an explicit lowest-index-first rule
+        kth = n - k if largest else k - 1
+        part = xp.argpartition(v, kth, axis=-1)
+        cols = part[:, n - k:] if largest else part[:, :k]
+        cand = xp.take_along_axis(v, cols, axis=-1)
+        thr = (cand.min(axis=-1) if largest else cand.max(axis=-1))[:, None]
+        ambiguous = (v == thr).sum(axis=-1) != (cand == thr).sum(axis=-1)
+        cols = xp.sort(cols, axis=-1)
+        if bool(ambiguous.any()):
+            redo = xp.nonzero(ambiguous)[0]
+            cols[redo] = _tie_aware_select(xp, v[redo], k, largest)
         cand = xp.take_along_axis(v, cols, axis=-1)
         order = _order_desc(xp, cand) if largest else _order_asc(xp, cand)
         return xp.take_along_axis(cols, order, axis=-1).astype(np.int64, copy=False)

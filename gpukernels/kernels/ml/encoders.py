@@ -102,7 +102,7 @@ class CastMap(KernelBase):
 class CategoryMapper(KernelBase):
     """Strings -> int64 (cats_strings[i] -> cats_int64s[i], else default_int64) or int64
     -> strings (the reverse, else default_string), chosen by the input's type.  When a
-    key repeats the first pair wins."""
+    key repeats the last pair wins (as onnxruntime, and as LabelEncoder specifies)."""
 
     def __call__(self, X, cats_int64s=None, cats_strings=None, default_int64=-1, default_string="_Unused"):
         x = self.tensor(X, "X")
@@ -112,14 +112,11 @@ class CategoryMapper(KernelBase):
         if len(ints) != len(strs):
             raise self.error(f"cats_int64s ({len(ints)}) and cats_strings ({len(strs)}) differ in length", X=x)
         if x.data_type == DataType.STRING:
-            idx = string_index(strs, host_strings(x), first=True)
+            idx = string_index(strs, host_strings(x))
             out = pick_values(np, idx, np.asarray(ints, dtype=np.int64), np.int64(default_int64))
             return self.result(self.xp.asarray(out), DataType.INT64)
         xp = self.xp
-        keys = np.asarray(ints, dtype=np.int64)
-        # first pair wins: numeric_index keeps the last, so search the reversed lists
-        idx = numeric_index(xp, keys[::-1], x.array)
-        idx = xp.where(idx >= 0, len(ints) - 1 - idx, -1)
+        idx = numeric_index(xp, np.asarray(ints, dtype=np.int64), x.array)
         out = pick_values(xp, idx, np.asarray(strs, dtype=object), to_str(default_string))
         return Tensor.wrap(out, DataType.STRING)
 

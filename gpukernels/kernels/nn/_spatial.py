@@ -38,12 +38,13 @@ def prod(values) -> int:
     return int(math.prod(int(v) for v in values))
 
 
-def auto_pad_name(kernel, auto_pad) -> str:
+def auto_pad_name(kernel, auto_pad, **tensors) -> str:
     if isinstance(auto_pad, bytes):
         auto_pad = auto_pad.decode()
     name = str(auto_pad or "NOTSET").upper()
     if name not in AUTO_PADS:
-        raise kernel.error(f"unknown auto_pad {auto_pad!r}; expected one of {', '.join(AUTO_PADS)}")
+        raise kernel.error(f"unknown auto_pad {auto_pad!r}; expected one of {', '.join(AUTO_PADS)}",
+                           **tensors)
     return name
 
 
@@ -85,7 +86,7 @@ def resolve_pads(kernel, auto_pad, pads, in_shape, kernel_shape, strides, dilati
     Explicit pads together with an auto_pad other than NOTSET are an error unless all
     zero (some exporters write both)."""
     n = len(in_shape)
-    mode = auto_pad_name(kernel, auto_pad)
+    mode = auto_pad_name(kernel, auto_pad, **tensors)
     given = explicit_pads(kernel, pads, n, **tensors)
     if mode == "NOTSET":
         return given

@@ -248,7 +248,9 @@ class Attention(KernelBase):
             sdt = np.dtype(np.float64) if sp == int(DataType.DOUBLE) else \
                 (np.dtype(np.float32) if sp is not None else cdt)
             round_to = sp if sp in (int(DataType.FLOAT16), int(DataType.BFLOAT16)) else None
-            Kt = Kc.transpose(0, 1, 3, 2)  # (B, Hkv, D, T)
+            # contiguous operands: NumPy's batched matmul only reaches BLAS for them
+            Kt = xp.ascontiguousarray(Kc.transpose(0, 1, 3, 2))  # (B, Hkv, D, T)
+            Vc = xp.ascontiguousarray(Vc)
             budget = int(self.ctx.option("attention_block_bytes", _DEFAULT_BLOCK_BYTES))
             row_bytes = B * Hq * T * max(cdt.itemsize, sdt.itemsize) * 2
             block = max(1, min(Sq, budget // max(row_bytes, 1)))

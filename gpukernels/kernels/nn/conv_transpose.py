@@ -124,7 +124,7 @@ class ConvTranspose(KernelBase):
                 raise self.error(f"output_padding {out_pad} must be smaller than the stride or "
                                  f"dilation along each axis (strides {strides}, dilations {dilations})",
                                  **tensors)
-        mode = sp.auto_pad_name(self, auto_pad)
+        mode = sp.auto_pad_name(self, auto_pad, **tensors)
         S = list(x.shape[2:])
         ek = [(K[i] - 1) * dilations[i] + 1 for i in range(n_sp)]
         natural = [strides[i] * (S[i] - 1) + out_pad[i] + ek[i] for i in range(n_sp)]

@@ -80,6 +80,20 @@ class _Activation:
         b = dt(self.beta) if self.beta is not None else None
         return self.fn(xp, x, a, b)
 
+    def inplace(self, xp, x):
+        """Apply to x in place (x is a writable compute array or a view of one)."""
+        if self.fn is _sigmoid:
+            xp.negative(x, out=x)
+            with np.errstate(over="ignore"):
+                xp.exp(x, out=x)
+            x += 1
+            xp.reciprocal(x, out=x)
+        elif self.name.lower() == "tanh":
+            xp.tanh(x, out=x)
+        else:
+            x[...] = self(xp, x)
+        return x
+
 
 class _RecurrentBase(KernelBase):
     """Shared validation, layout handling and sequence bookkeeping."""
@@ -152,11 +166,10 @@ class _RecurrentBase(KernelBase):
             N, S, I = x.shape
         if w.ndim != 3 or r.ndim != 3:
             raise self.error("W and R must be 3-D", **shapes)
-        H = hidden_size
-        if H is None:
-            H = r.shape[2]
-        H = int(H)
         G = self.n_gates
+        H = int(hidden_size) if hidden_size is not None else w.shape[1] // G
+        if H < 0:
+            raise self.error(f"hidden_size must be non-negative, got {H}", **shapes)
         if w.shape != (D, G * H, I):
             raise self.error(f"W must have shape (num_directions, {G}*hidden_size, input_size) = "
                              f"({D}, {G * H}, {I})", **shapes)
@@ -293,11 +306,13 @@ class RNN(_RecurrentBase):
             idx, valid = self._step_order(p, reverse)
             xs = self._gather_steps(proj[d], idx, reverse)
             f = acts[d][0]
-            Rt = R_[d].T
+            Rt = xp.ascontiguousarray(R_[d].T)
             h = h0[d]
             out = xp.zeros((p["S"], p["N"], H), dtype=cdt) if want_y else None
             for s in range(p["S"]):
-                hn = f(xp, self._clip(xp, xs[s] + h @ Rt, clip))
+                hn = xp.matmul(h, Rt)
+                hn += xs[s]
+                hn = f.inplace(xp, self._clip(xp, hn, clip))
                 if valid is not None:
                     hn = xp.where(valid[s], hn, 0)
                     h = xp.where(valid[s], hn, h)
@@ -354,24 +369,37 @@ class GRU(_RecurrentBase):
             idx, valid = self._step_order(p, reverse)
             xs = self._gather_steps(proj[d], idx, reverse)
             f, g = acts[d]
-            Rt = R_[d].T  # (H, 3H)
-            Rzr, Rh = Rt[:, :2 * H], Rt[:, 2 * H:]
+            Rt = xp.ascontiguousarray(R_[d].T)  # (H, 3H)
+            Rzr, Rh = xp.ascontiguousarray(Rt[:, :2 * H]), xp.ascontiguousarray(Rt[:, 2 * H:])
             rbh = rb[d, 2 * H:] if (rb is not None and lbr) else None
             h = h0[d]
             out = xp.zeros((p["S"], p["N"], H), dtype=cdt) if want_y else None
             for s in range(p["S"]):
                 xt = xs[s]
                 if lbr:
-                    hr = h @ Rt
-                    zr = f(xp, self._clip(xp, xt[:, :2 * H] + hr[:, :2 * H], clip))
+                    hr = xp.matmul(h, Rt)
+                    zr = hr[:, :2 * H]
+                    zr += xt[:, :2 * H]
+                    zr = f.inplace(xp, self._clip(xp, zr, clip))
                     z, r = zr[:, :H], zr[:, H:]
-                    hh = hr[:, 2 * H:] if rbh is None else hr[:, 2 * H:] + rbh
-                    cand = g(xp, self._clip(xp, xt[:, 2 * H:] + r * hh, clip))
+                    hh = hr[:, 2 * H:]
+                    if rbh is not None:
+                        hh += rbh
+                    hh *= r
+                    hh += xt[:, 2 * H:]
+                    cand = g.inplace(xp, self._clip(xp, hh, clip))
                 else:
-                    zr = f(xp, self._clip(xp, xt[:, :2 * H] + h @ Rzr, clip))
+                    zr = xp.matmul(h, Rzr)
+                    zr += xt[:, :2 * H]
+                    zr = f.inplace(xp, self._clip(xp, zr, clip))
                     z, r = zr[:, :H], zr[:, H:]
-                    cand = g(xp, self._clip(xp, xt[:, 2 * H:] + (r * h) @ Rh, clip))
-                hn = (1 - z) * cand + z * h
+                    cand = xp.matmul(r * h, Rh)
+                    cand += xt[:, 2 * H:]
+                    cand = g.inplace(xp, self._clip(xp, cand, clip))
+                # (1 - z) * cand + z * h = cand + z * (h - cand)
+                hn = h - cand
+                hn *= z
+                hn += cand
                 if valid is not None:
                     hn = xp.where(valid[s], hn, 0)
                     h = xp.where(valid[s], hn, h)
@@ -430,26 +458,38 @@ class LSTM(_RecurrentBase):
             idx, valid = self._step_order(p, reverse)
             xs = self._gather_steps(proj[d], idx, reverse)
             f, g, hf = acts[d]
-            Rt = R_[d].T  # (H, 4H)
+            Rt = xp.ascontiguousarray(R_[d].T)  # (H, 4H)
             pi = po = pf = None
             if peep is not None:
                 pi, po, pf = peep[d, :H], peep[d, H:2 * H], peep[d, 2 * H:]
+            fused = pi is None and f.name.lower() in ("sigmoid", "tanh")
             h, c = h0[d], c0[d]
             out = xp.zeros((p["S"], p["N"], H), dtype=cdt) if want_y else None
             for s in range(p["S"]):
-                gates = xs[s] + h @ Rt
+                gates = xp.matmul(h, Rt)
+                gates += xs[s]
                 gi, go, gf, gc = gates[:, :H], gates[:, H:2 * H], gates[:, 2 * H:3 * H], gates[:, 3 * H:]
-                if pi is not None:
-                    gi = gi + pi * c
-                    gf = gf + pf * c
-                i = f(xp, self._clip(xp, gi, clip))
-                fg = 1 - i if coupled else f(xp, self._clip(xp, gf, clip))
-                cc = g(xp, self._clip(xp, gc, clip))
-                cn = fg * c + i * cc
-                if po is not None:
-                    go = go + po * cn
-                o = f(xp, self._clip(xp, go, clip))
-                hn = o * hf(xp, cn)
+                if fused:  # i, o and f through one call (o needs no peephole here)
+                    ifo = self._clip(xp, gates[:, :3 * H], clip)
+                    f.inplace(xp, ifo)
+                    i, o = ifo[:, :H], ifo[:, H:2 * H]
+                    fg = 1 - i if coupled else ifo[:, 2 * H:]
+                else:
+                    if pi is not None:
+                        gi = gi + pi * c
+                        gf = gf + pf * c
+                    i = f.inplace(xp, self._clip(xp, gi, clip))
+                    fg = 1 - i if coupled else f.inplace(xp, self._clip(xp, gf, clip))
+                cc = g.inplace(xp, self._clip(xp, gc, clip))
+                cn = fg * c
+                cc *= i
+                cn += cc
+                if not fused:
+                    if po is not None:
+                        go = go + po * cn
+                    o = f.inplace(xp, self._clip(xp, go, clip))
+                hn = hf(xp, cn)
+                hn *= o
                 if valid is not None:
                     hn = xp.where(valid[s], hn, 0)
                     h = xp.where(valid[s], hn, h)

@@ -98,12 +98,12 @@ class DequantizeLinear(KernelBase):
                                axis, block_size, **named)
         xp = self.xp
         work = np.float64 if xt.data_type == D.INT32 else np.float32
-        xs = self.to_compute(xt, work)
+        y = self.to_compute(xt, work)
+        if y is xt.array:
+            y = y.copy()  # never modify an input in place
         if not zt.is_absent:
-            zc = expand(xp, self.to_compute(zt, work), xt.shape, kind, ax, block_size)
-            xs = xs - zc
-        ss = expand(xp, self.to_compute(st, work), xt.shape, kind, ax, block_size)
-        y = xp.multiply(xs, ss, dtype=work)
+            y -= expand(xp, self.to_compute(zt, work), xt.shape, kind, ax, block_size)
+        y *= expand(xp, self.to_compute(st, work), xt.shape, kind, ax, block_size)
         if out_type != D.DOUBLE and work == np.float64:
             y = y.astype(np.float32)
         return self.from_compute(y, out_type)

@@ -63,6 +63,8 @@ def float_to_int(xp, x, target: np.dtype, bits: int | None = None):
     signed = target.kind == "i"
     lo = -(2 ** (bits - 1)) if signed else 0
     hi = 2 ** (bits - 1) - 1 if signed else 2 ** bits - 1
+    if x.dtype == np.float16:
+        x = x.astype(xp.float32)  # exact; the range limits below do not fit in float16
     if x.size and bool(xp.all((x > float(lo) - 1.0) & (x < float(hi) + 1.0))):
         return xp.trunc(x).astype(target)  # every value in range: a defined conversion
     xd = x.astype(xp.float64)

@@ -1,0 +1,290 @@
+"""NonMaxSuppression and RoiAlign.
+
+NonMaxSuppression: boxes with score > score_threshold (strictly, as onnxruntime) are
+visited in decreasing score order (ties: lower box index first); a box is suppressed when
+its IoU with an already selected box of the same batch and class is strictly greater
+than iou_threshold.  Boxes with zero area or no overlap never suppress.  Output rows
+[batch, class, box] grouped by batch, then class, in selection order.  All (batch,
+class) pairs run at once: candidates are processed in blocks; each block is checked
+against the boxes already selected (one vectorised IoU) and resolved internally by a
+fixed-point iteration of the greedy rule on the block's IoU matrix (exact: the greedy
+selection is its unique fixed point).
+
+RoiAlign: bilinear samples on a regular grid per output bin, averaged ('avg') or, for
+'max', the maximum over samples of the largest weighted corner value (w_i * v_i), which
+is what onnxruntime computes.  Samples outside [-1, H] x [-1, W] count as 0.
+coordinate_transformation_mode 'half_pixel' (opset 16+ default) shifts ROI corners by
+-0.5 and does not clamp the ROI size; 'output_half_pixel' (and opset 10) clamps ROI width
+and height to at least 1.  A bin whose adaptive grid is empty (a degenerate ROI) gives 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import KernelBase, register
+
+
+def _scalar(kernel, t, name, named):
+    if t.is_absent:
+        return None
+    if t.size != 1:
+        raise kernel.error(f"{name} must be a scalar, got shape {list(t.shape)}", **named)
+    return np.asarray(t.numpy()).reshape(()).item()
+
+
+def _iou_suppresses(xp, a, a_area, b, b_area, thr):
+    """(A, L, K) bool: IoU(a[:, l], b[:, k]) > thr.  a (A, L, 4), b (A, K, 4) as
+    [ymin, xmin, ymax, xmax]."""
+    ih = xp.minimum(a[:, :, None, 2], b[:, None, :, 2]) - xp.maximum(a[:, :, None, 0], b[:, None, :, 0])
+    iw = xp.minimum(a[:, :, None, 3], b[:, None, :, 3]) - xp.maximum(a[:, :, None, 1], b[:, None, :, 1])
+    inter = xp.maximum(ih, 0) * xp.maximum(iw, 0)
+    union = a_area[:, :, None] + b_area[:, None, :] - inter
+    ok = (inter > 0) & (a_area[:, :, None] > 0) & (b_area[:, None, :] > 0) & (union > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = inter / xp.where(ok, union, 1)
+    return ok & (iou > thr)
+
+
+def _corners(xp, b, center):
+    """[..., 4] boxes as [ymin, xmin, ymax, xmax]."""
+    if center:
+        half = b[..., 2:4] / 2
+        lo = b[..., 0:2] - half
+        hi = b[..., 0:2] + half
+        return xp.concatenate([xp.minimum(lo, hi)[..., ::-1], xp.maximum(lo, hi)[..., ::-1]], axis=-1)
+    return xp.concatenate([xp.minimum(b[..., 0:2], b[..., 2:4]), xp.maximum(b[..., 0:2], b[..., 2:4])], axis=-1)
+
+
+_UPPER = {}
+
+
+def _upper(xp, length):
+    k = (id(xp), length)
+    m = _UPPER.get(k)
+    if m is None:
+        m = _UPPER[k] = xp.triu(xp.ones((length, length), bool), 1)
+    return m
+
+
+def _head_order(xp, key, head):
+    """The first `head` entries of the stable ascending argsort of each row of key,
+    without sorting whole rows: the head smallest by (key, index), then sorted."""
+    kth = xp.partition(key, head - 1, axis=1)[:, head - 1:head]
+    less = key < kth
+    eq = key == kth
+    need = head - less.sum(axis=1, keepdims=True)
+    sel = less | (eq & (xp.cumsum(eq, axis=1) <= need))
+    idx = xp.nonzero(sel)[1].reshape(key.shape[0], head)  # ascending index per row
+    sub = xp.take_along_axis(key, idx, axis=1)
+    return xp.take_along_axis(idx, xp.argsort(sub, axis=1, kind="stable"), axis=1)
+
+
+@register()
+class NonMaxSuppression(KernelBase):
+    block = 128
+
+    def __call__(self, boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
+                 score_threshold=None, center_point_box=0):
+        bt = self.tensor(boxes, "boxes")
+        st = self.tensor(scores, "scores")
+        mt = self.tensor(max_output_boxes_per_class, "max_output_boxes_per_class", optional=True)
+        it = self.tensor(iou_threshold, "iou_threshold", optional=True)
+        tt = self.tensor(score_threshold, "score_threshold", optional=True)
+        self.check_inputs(bt, st, mt, it, tt)
+        named = dict(boxes=bt, scores=st)
+        if bt.ndim != 3 or bt.shape[2] != 4:
+            raise self.error("boxes must be [num_batches, spatial_dimension, 4]", **named)
+        if st.ndim != 3:
+            raise self.error("scores must be [num_batches, num_classes, spatial_dimension]", **named)
+        if bt.shape[0] != st.shape[0] or bt.shape[1] != st.shape[2]:
+            raise self.error("boxes and scores disagree on num_batches or spatial_dimension", **named)
+        if center_point_box not in (0, 1):
+            raise self.error(f"center_point_box must be 0 or 1, got {center_point_box}", **named)
+        max_out = _scalar(self, mt, "max_output_boxes_per_class", named)
+        iou_thr = _scalar(self, it, "iou_threshold", named)
+        score_thr = _scalar(self, tt, "score_threshold", named)
+        iou_thr = 0.0 if iou_thr is None else float(iou_thr)
+        if not 0.0 <= iou_thr <= 1.0:
+            raise self.error(f"iou_threshold must be in [0, 1], got {iou_thr}", **named)
+        xp = self.xp
+        nb, n = bt.shape[:2]
+        nc = st.shape[1]
+        max_out = 0 if max_out is None else int(max_out)
+        if max_out <= 0 or n == 0 or nb * nc == 0:
+            return self.result(xp.zeros((0, 3), np.int64))
+        cap = min(max_out, n)
+        b = self.to_compute(bt, np.float32)
+        pairs = nb * nc
+        sc = self.to_compute(st, np.float32).reshape(pairs, n)
+        valid = sc > np.float32(score_thr) if score_thr is not None else xp.ones(sc.shape, bool)
+        key = xp.where(valid, -sc, np.float32(np.inf))
+        nvalid = valid.sum(axis=1)
+        nvalid_host = np.asarray(nvalid.get() if hasattr(nvalid, "get") else nvalid)
+        top = int(nvalid_host.max()) if nvalid_host.size else 0
+        pair_batch = xp.arange(pairs) // nc
+        bs = self.block
+        # Sort only the best few candidates first (most calls select early); the full
+        # stable sort is computed only if the selection needs more.
+        head = min(n, max(4 * bs, 2 * cap))
+        order = None
+        if head < top and not bool(xp.isnan(sc).any()):
+            order = _head_order(xp, key, head)
+        if order is None:
+            order = xp.argsort(key, axis=1, kind="stable")
+            head = n
+        sel_pos = xp.full((pairs, cap), -1, np.int64)
+        sel_box = xp.zeros((pairs, cap, 4), np.float32)
+        sel_area = xp.zeros((pairs, cap), np.float32)
+        count = xp.zeros(pairs, np.int64)
+        cap_idx = xp.arange(cap)
+        for start in range(0, top, bs):
+            stop = min(start + bs, n)
+            act = xp.nonzero((count < cap) & (nvalid > start))[0]
+            if act.size == 0:
+                break
+            if stop > head:
+                order = xp.argsort(key, axis=1, kind="stable")
+                head = n
+            cb = _corners(xp, b[pair_batch[act][:, None], order[act, start:stop]], center_point_box)
+            ca = (cb[..., 2] - cb[..., 0]) * (cb[..., 3] - cb[..., 1])
+            alive = (xp.arange(start, stop)[None, :] < nvalid[act, None])
+            if bool(xp.any(count[act] > 0)):
+                hit = _iou_suppresses(xp, cb, ca, sel_box[act], sel_area[act], iou_thr)
+                hit &= (cap_idx[None, :] < count[act, None])[:, None, :]
+                alive &= ~hit.any(axis=2)
+            length = stop - start
+            m = _iou_suppresses(xp, cb, ca, cb, ca, iou_thr)
+            m &= _upper(xp, length)[None]  # m[a, j, i]: j < i
+            keep = alive
+            if bool(m.any()):
+                mf = m.astype(np.float32)
+                for _ in range(length + 1):
+                    hit = xp.matmul(keep[:, None, :].astype(np.float32), mf)[:, 0, :] > 0
+                    new = alive & ~hit
+                    if bool(xp.all(new == keep)):
+                        break
+                    keep = new
+            rank = xp.cumsum(keep, axis=1) - 1 + count[act, None]
+            take = keep & (rank < cap)
+            ai, li = xp.nonzero(take)
+            rows, cols = act[ai], rank[ai, li]
+            sel_pos[rows, cols] = start + li
+            sel_box[rows, cols] = cb[ai, li]
+            sel_area[rows, cols] = ca[ai, li]
+            count[act] = xp.minimum(count[act] + keep.sum(axis=1), cap)
+        pi, ki = xp.nonzero(sel_pos >= 0)
+        box_idx = order[pi, sel_pos[pi, ki]]
+        out = xp.stack([pi // nc, pi % nc, box_idx], axis=1).astype(np.int64)
+        return self.result(out)
+
+
+@register()
+class RoiAlign(KernelBase):
+    def __call__(self, X, rois, batch_indices, coordinate_transformation_mode="half_pixel", mode="avg",
+                 output_height=1, output_width=1, sampling_ratio=0, spatial_scale=1.0):
+        xt = self.tensor(X, "X")
+        rt = self.tensor(rois, "rois")
+        bt = self.tensor(batch_indices, "batch_indices")
+        self.check_inputs(xt, rt, bt)
+        named = dict(X=xt, rois=rt, batch_indices=bt)
+        if xt.ndim != 4:
+            raise self.error("X must be 4-D (N, C, H, W)", **named)
+        if rt.ndim != 2 or rt.shape[1] != 4:
+            raise self.error("rois must be (num_rois, 4)", **named)
+        if bt.shape != (rt.shape[0],):
+            raise self.error("batch_indices must be 1-D with one entry per roi", **named)
+        if mode not in ("avg", "max"):
+            raise self.error(f"mode must be 'avg' or 'max', got {mode!r}", **named)
+        if self.since_version < 16:
+            coordinate_transformation_mode = "output_half_pixel"
+        if coordinate_transformation_mode not in ("half_pixel", "output_half_pixel"):
+            raise self.error("coordinate_transformation_mode must be 'half_pixel' or 'output_half_pixel', "
+                             f"got {coordinate_transformation_mode!r}", **named)
+        oh, ow = int(output_height), int(output_width)
+        if oh < 1 or ow < 1 or sampling_ratio < 0:
+            raise self.error(f"output_height ({oh}) and output_width ({ow}) must be positive and "
+                             f"sampling_ratio ({sampling_ratio}) non-negative", **named)
+        xp = self.xp
+        n, c, h, w = xt.shape
+        r = rt.shape[0]
+        bi = bt.array.astype(np.int64, copy=False)
+        if r and bool(xp.any((bi < 0) | (bi >= n))):
+            raise self.error(f"batch_indices must lie in [0, {n})", **named)
+        xc = self.to_compute(xt)
+        dt = xc.dtype
+        if r == 0 or c == 0:
+            return self.from_compute(xp.zeros((r, c, oh, ow), dt), xt.data_type)
+        half = coordinate_transformation_mode == "half_pixel"
+        roi = self.to_compute(rt, dt) * dt.type(spatial_scale) - dt.type(0.5 if half else 0.0)
+        x1, y1, x2, y2 = roi[:, 0], roi[:, 1], roi[:, 2], roi[:, 3]
+        rw, rh = x2 - x1, y2 - y1
+        if not half:
+            rw, rh = xp.maximum(rw, 1), xp.maximum(rh, 1)
+        bin_h, bin_w = rh / oh, rw / ow
+        if sampling_ratio > 0:
+            gh = xp.full(r, sampling_ratio, np.int64)
+            gw = gh
+        else:
+            gh = xp.ceil(rh / oh).astype(np.int64)
+            gw = xp.ceil(rw / ow).astype(np.int64)
+        count = xp.maximum(gh * gw, 1).astype(dt)
+        gh_max = max(int(xp.max(gh)), 0)
+        gw_max = max(int(xp.max(gw)), 0)
+        ghc = xp.maximum(gh, 1).astype(dt)
+        gwc = xp.maximum(gw, 1).astype(dt)
+        # x sample positions for every (roi, pw, ix): (R, ow * Gw)
+        ix = xp.arange(max(gw_max, 1))
+        xs = (x1[:, None, None] + xp.arange(ow)[None, :, None] * bin_w[:, None, None]
+              + (ix[None, None, :] + dt.type(0.5)) * (bin_w / gwc)[:, None, None])
+        x_in = (ix[None, None, :] < gw[:, None, None])
+        xl, xh, lx, hx, x_ok = _axis_weights(xp, xs.reshape(r, -1), w, dt)
+        x_ok = x_ok.reshape(r, ow, -1)
+        acc = None
+        for iy in range(gh_max):
+            ys = y1[:, None] + xp.arange(oh)[None, :] * bin_h[:, None] + (iy + dt.type(0.5)) * (bin_h / ghc)[:, None]
+            y_in = iy < gh  # (R,)
+            yl, yh, ly, hy, y_ok = _axis_weights(xp, ys, h, dt)
+            bidx = bi[:, None, None]
+            v11 = xc[bidx, :, yl[:, :, None], xl[:, None, :]]  # (R, oh, ow*Gw, C)
+            v12 = xc[bidx, :, yl[:, :, None], xh[:, None, :]]
+            v21 = xc[bidx, :, yh[:, :, None], xl[:, None, :]]
+            v22 = xc[bidx, :, yh[:, :, None], xh[:, None, :]]
+            wy_l, wy_h = hy[:, :, None, None], ly[:, :, None, None]
+            wx_l, wx_h = hx[:, None, :, None], lx[:, None, :, None]
+            inside = (y_ok[:, :, None] & x_ok.reshape(r, 1, -1))[..., None]
+            if mode == "avg":
+                val = wy_l * (wx_l * v11 + wx_h * v12) + wy_h * (wx_l * v21 + wx_h * v22)
+                val = xp.where(inside, val, 0)
+                val = val.reshape(r, oh, ow, -1, c)
+                val = xp.where(x_in[:, None, :, :, None], val, 0).sum(axis=3)
+                val = xp.where(y_in[:, None, None, None], val, 0)
+                acc = val if acc is None else acc + val
+            else:
+                val = xp.maximum(xp.maximum(wy_l * wx_l * v11, wy_l * wx_h * v12),
+                                 xp.maximum(wy_h * wx_l * v21, wy_h * wx_h * v22))
+                val = xp.where(inside, val, 0).reshape(r, oh, ow, -1, c)
+                val = xp.where(x_in[:, None, :, :, None], val, -np.inf).max(axis=3)
+                val = xp.where(y_in[:, None, None, None], val, -np.inf)
+                acc = val if acc is None else xp.maximum(acc, val)
+        if acc is None:
+            out = xp.zeros((r, oh, ow, c), dt)
+        elif mode == "avg":
+            out = acc / count[:, None, None, None]
+        else:
+            out = xp.where(xp.isneginf(acc), 0, acc)
+        out = xp.ascontiguousarray(xp.transpose(out, (0, 3, 1, 2))).astype(dt, copy=False)
+        return self.from_compute(out, xt.data_type)
+
+
+def _axis_weights(xp, pos, size, dt):
+    """Bilinear indices and weights along one axis for sample positions pos."""
+    ok = (pos >= -1.0) & (pos <= size)
+    p = xp.maximum(pos, 0)
+    low = xp.floor(p).astype(np.int64)
+    at_end = low >= size - 1
+    low = xp.where(at_end, size - 1, low)
+    high = xp.where(at_end, size - 1, low + 1)
+    p = xp.where(at_end, low.astype(dt), p)
+    frac = (p - low).astype(dt)
+    return low, high, frac, (1 - frac).astype(dt), ok

@@ -1,0 +1,549 @@
+"""ai.onnx.ml tree ensembles: TreeEnsemble (opset 5), TreeEnsembleRegressor and
+TreeEnsembleClassifier (opsets 1 and 3; deprecated from ai.onnx.ml opset 5, so they are
+registered at 1 and 3 only).
+
+Every ensemble is first normalised on the host into flat node arrays (feature, threshold,
+comparison, true/false child, missing-value direction; leaves point to themselves) and
+a list of leaf contributions (leaf, target, weight).  Evaluation is vectorised over
+samples and trees together: each of the ``depth`` steps gathers the current node of
+every (sample, tree) pair and moves it to a child, so the loop runs over tree depth,
+never over samples.  Contributions are then summed (or min/max-ed) per target with a
+scatter; work is chunked over samples to bound memory.
+
+Comparisons: BRANCH_LEQ x <= t, LT x < t, GTE x >= t, GT x > t, EQ x == t, NEQ x != t,
+MEMBER x in set.  A NaN feature follows the true branch where missing_value_tracks_true
+is 1; otherwise it takes whatever the comparison gives (false, except NEQ).  Thresholds
+keep their attribute precision (float32, or float64 from the *_as_tensor attributes)
+and are compared in the common type with X (float64 for integer X).  Leaf weights are
+accumulated in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ... import dtypes
+from ...dtypes import DataType
+from ...tensor import Tensor
+from ...xp import scatter_reduce
+from ..base import KernelBase, register
+from ._common import apply_post_transform, attr_array, given, label_output, logistic, parse_post_transform, \
+    str_list, to_str
+
+LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF = range(8)
+_MODE_NAMES = {"BRANCH_LEQ": LEQ, "BRANCH_LT": LT, "BRANCH_GTE": GTE, "BRANCH_GT": GT, "BRANCH_EQ": EQ,
+               "BRANCH_NEQ": NEQ, "BRANCH_MEMBER": MEMBER, "LEAF": LEAF}
+_AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
+_CHUNK = 1 << 21  # (sample, tree) pairs per evaluation chunk
+
+
+@dataclass
+class Forest:
+    """A normalised tree ensemble (host arrays)."""
+
+    feature: np.ndarray      # int64 [M] (0 for leaves)
+    threshold: np.ndarray    # float32/float64 [M]
+    mode: np.ndarray         # int8 [M]
+    true_child: np.ndarray   # int64 [M] (self for leaves)
+    false_child: np.ndarray  # int64 [M]
+    missing_true: np.ndarray  # bool [M]
+    roots: np.ndarray        # int64 [T]
+    leaf_node: np.ndarray    # int64 [E] contributions: node, target, weight
+    leaf_target: np.ndarray  # int64 [E]
+    leaf_weight: np.ndarray  # float64 [E]
+    n_targets: int
+    members: dict            # node -> np.ndarray of member values (BRANCH_MEMBER)
+    depth: int = 0
+
+    def finish(self, kernel) -> "Forest":
+        m = self.feature.size
+        for name in ("true_child", "false_child"):
+            arr = getattr(self, name)
+            if arr.size and (arr.min() < 0 or arr.max() >= m):
+                raise kernel.error(f"a node's {name.replace('_', ' ')} is out of range [0, {m})")
+        if self.roots.size and (self.roots.min() < 0 or self.roots.max() >= m):
+            raise kernel.error(f"a tree root is out of range [0, {m})")
+        if self.leaf_target.size and (self.leaf_target.min() < 0 or self.leaf_target.max() >= self.n_targets):
+            raise kernel.error(f"a leaf target/class id is out of range [0, {self.n_targets})")
+        is_leaf = self.mode == LEAF
+        if self.leaf_node.size and not is_leaf[self.leaf_node].all():
+            raise kernel.error("a weight is attached to a node that is not a leaf")
+        # depth by a level sweep (detects cycles)
+        frontier = np.unique(self.roots)
+        depth = 0
+        while frontier.size:
+            inner = frontier[~is_leaf[frontier]]
+            if inner.size == 0:
+                break
+            depth += 1
+            if depth > m:
+                raise kernel.error("the trees contain a cycle")
+            frontier = np.unique(np.concatenate([self.true_child[inner], self.false_child[inner]]))
+        self.depth = depth
+        return self
+
+    # ----------------------------------------------------------------- evaluation
+    def leaves(self, xp, x):
+        """Leaf node reached by every (sample, tree) of x[chunk_rows]: [n, T]."""
+        n = x.shape[0]
+        t = self.roots.size
+        dev = self._device_arrays(xp)
+        pos = xp.broadcast_to(dev["roots"][None, :], (n, t)).copy()
+        modes_present = sorted(set(np.unique(self.mode[self.mode != LEAF]).tolist()))
+        any_missing = bool(self.missing_true.any())
+        for _ in range(self.depth):
+            f = dev["feature"][pos]
+            v = xp.take_along_axis(x, f, axis=1)
+            thr = dev["threshold"][pos]
+            if len(modes_present) == 1:
+                cond = self._compare(xp, modes_present[0], v, thr, pos, dev)
+            else:
+                mode = dev["mode"][pos]
+                cond = xp.zeros(pos.shape, dtype=bool)
+                for md in modes_present:
+                    cond = xp.where(mode == md, self._compare(xp, md, v, thr, pos, dev), cond)
+            if any_missing:
+                cond = cond | (dev["missing_true"][pos] & xp.isnan(v))
+            pos = xp.where(cond, dev["true_child"][pos], dev["false_child"][pos])
+        return pos
+
+    def _compare(self, xp, mode, v, thr, pos, dev):
+        with np.errstate(invalid="ignore"):
+            if mode == LEQ:
+                return v <= thr
+            if mode == LT:
+                return v < thr
+            if mode == GTE:
+                return v >= thr
+            if mode == GT:
+                return v > thr
+            if mode == EQ:
+                return v == thr
+            if mode == NEQ:
+                return v != thr
+        # MEMBER: is (member rank of the node, value) one of the listed pairs?
+        uniq = dev["member_values"]
+        if uniq.size == 0:
+            return xp.zeros(pos.shape, dtype=bool)
+        rank = dev["member_rank"][pos]
+        vi = xp.minimum(xp.searchsorted(uniq, v), uniq.size - 1)
+        found = (uniq[vi] == v) & (rank >= 0)
+        code = rank * uniq.size + vi
+        codes = dev["member_codes"]
+        ci = xp.minimum(xp.searchsorted(codes, code), codes.size - 1)
+        return found & (codes[ci] == code)
+
+    def _device_arrays(self, xp):
+        cache = getattr(self, "_dev", None)
+        if cache is not None and cache[0] is xp:
+            return cache[1]
+        member_nodes = sorted(self.members)
+        rank = np.full(self.feature.size, -1, dtype=np.int64)
+        rank[member_nodes] = np.arange(len(member_nodes))
+        all_vals = [np.asarray(self.members[nd], dtype=np.float64) for nd in member_nodes]
+        uniq = np.unique(np.concatenate(all_vals)) if all_vals else np.zeros(0)
+        uniq = uniq[~np.isnan(uniq)]
+        codes = []
+        for r, vals in enumerate(all_vals):
+            vals = vals[~np.isnan(vals)]
+            codes.append(r * uniq.size + np.searchsorted(uniq, vals))
+        codes = np.unique(np.concatenate(codes)) if codes else np.zeros(0, np.int64)
+        dev = {
+            "feature": xp.asarray(self.feature),
+            "threshold": xp.asarray(self.threshold),
+            "mode": xp.asarray(self.mode),
+            "true_child": xp.asarray(self.true_child),
+            "false_child": xp.asarray(self.false_child),
+            "missing_true": xp.asarray(self.missing_true),
+            "roots": xp.asarray(self.roots),
+            "member_rank": xp.asarray(rank),
+            "member_values": xp.asarray(uniq.astype(self.threshold.dtype)),
+            "member_codes": xp.asarray(codes.astype(np.int64)),
+        }
+        self._dev = (xp, dev)
+        return dev
+
+    def aggregate(self, xp, x, how: str):
+        """Per-target aggregate over the trees: (values [N, n_targets] float64,
+        has [N, n_targets] bool: whether any leaf contributed)."""
+        n = x.shape[0]
+        nt = self.n_targets
+        t = max(self.roots.size, 1)
+        out = xp.zeros((n, nt), dtype=np.float64)
+        has = xp.zeros((n, nt), dtype=bool)
+        if n == 0 or nt == 0:
+            return out, has
+        # contributions grouped by leaf: slot k of leaf l is entry start[l] + k
+        order = np.argsort(self.leaf_node, kind="stable")
+        e_node = self.leaf_node[order]
+        e_target = xp.asarray(self.leaf_target[order])
+        e_weight = xp.asarray(self.leaf_weight[order])
+        m = self.feature.size
+        count = np.bincount(e_node, minlength=m).astype(np.int64)
+        start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+        max_slots = int(count.max()) if count.size else 0
+        count_d, start_d = xp.asarray(count), xp.asarray(start)
+        step = max(1, _CHUNK // t)
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            pos = self.leaves(xp, x[lo:hi])
+            rows = xp.broadcast_to(xp.arange(lo, hi)[:, None], pos.shape)
+            cnt = count_d[pos]
+            for k in range(max_slots):
+                valid = cnt > k
+                if not bool(valid.any()):
+                    continue
+                e = (start_d[pos] + k)[valid]
+                flat = rows[valid] * nt + e_target[e]
+                w = e_weight[e]
+                hit = xp.bincount(flat, minlength=n * nt).reshape(n, nt) > 0
+                if how in ("SUM", "AVERAGE"):
+                    out += xp.bincount(flat, weights=w, minlength=n * nt).reshape(n, nt)
+                else:
+                    fill = np.inf if how == "MIN" else -np.inf
+                    tmp = xp.full(n * nt, fill)
+                    scatter_reduce(xp, tmp, flat, w, "min" if how == "MIN" else "max")
+                    tmp = tmp.reshape(n, nt)
+                    red = xp.minimum if how == "MIN" else xp.maximum
+                    out = xp.where(has, red(out, tmp), xp.where(hit, tmp, out))
+                has = has | hit
+        if how == "AVERAGE":
+            out = out / t
+        return out, has
+
+
+def _check_features(kernel, forest: Forest, n_features: int, x):
+    inner = forest.mode != LEAF
+    if inner.any():
+        f = forest.feature[inner]
+        if f.min() < 0 or f.max() >= n_features:
+            raise kernel.error(f"a node uses feature {int(f.max() if f.max() >= n_features else f.min())}, "
+                               f"out of range for {n_features} features", X=x)
+
+
+def _prepare_input(kernel, x: Tensor, forest: Forest):
+    """X as a 2-D compute array [N, F] (1-D is one row; more dims flatten)."""
+    if x.ndim == 0:
+        raise kernel.error("X must have at least one dimension", X=x)
+    a = kernel.to_compute(x)
+    if a.dtype.kind in "iu":
+        a = a.astype(np.float64)
+    elif forest.threshold.dtype == np.float64 and a.dtype != np.float64:
+        a = a.astype(np.float64)
+    a = a.reshape(1, -1) if x.ndim == 1 else a.reshape(a.shape[0], int(np.prod(a.shape[1:], dtype=np.int64)))
+    _check_features(kernel, forest, a.shape[1], x)
+    if a.shape[1] == 0:
+        a = kernel.xp.zeros((a.shape[0], 1), dtype=a.dtype)
+    thr_dtype = np.result_type(a.dtype, forest.threshold.dtype)
+    return a.astype(thr_dtype, copy=False), thr_dtype
+
+
+# ------------------------------------------------------------ attribute parsing
+
+
+def _legacy_forest(kernel, *, treeids, nodeids, featureids, values, modes, truenodeids, falsenodeids,
+                   missing, w_tree, w_node, w_target, w_weight, n_targets, x) -> Forest:
+    """Forest from the opset-1/3 attribute layout (node ids within trees)."""
+    treeids = np.asarray(treeids if given(treeids) else [], dtype=np.int64)
+    m = treeids.size
+    if m == 0:
+        raise kernel.error("the ensemble has no nodes (nodes_treeids is empty)", X=x)
+    nodeids = np.asarray(nodeids if given(nodeids) else [], dtype=np.int64)
+    featureids = np.asarray(featureids if given(featureids) else [], dtype=np.int64)
+    modes_s = str_list(modes if given(modes) else [])
+    tids = np.asarray(truenodeids if given(truenodeids) else [], dtype=np.int64)
+    fids = np.asarray(falsenodeids if given(falsenodeids) else [], dtype=np.int64)
+    lengths = {"nodes_nodeids": nodeids.size, "nodes_featureids": featureids.size,
+               "nodes_values": values.size, "nodes_modes": len(modes_s),
+               "nodes_truenodeids": tids.size, "nodes_falsenodeids": fids.size}
+    bad = {k: v for k, v in lengths.items() if v != m}
+    if bad:
+        raise kernel.error(f"nodes_* attributes must all have {m} entries (nodes_treeids); got {bad}", X=x)
+    miss = np.asarray(missing, dtype=bool) if given(missing) else np.zeros(m, dtype=bool)
+    if miss.size != m:
+        raise kernel.error(f"nodes_missing_value_tracks_true has {miss.size} entries for {m} nodes", X=x)
+    try:
+        mode = np.array([_MODE_NAMES[s] for s in modes_s], dtype=np.int8)
+    except KeyError as exc:
+        raise kernel.error(f"unknown node mode {exc.args[0]!r}", X=x) from None
+    if (mode == MEMBER).any():
+        raise kernel.error("BRANCH_MEMBER needs TreeEnsemble (opset 5)", X=x)
+    if nodeids.min() < 0:
+        raise kernel.error("node ids must be non-negative", X=x)
+    span = int(nodeids.max()) + 1
+    keys = treeids * span + nodeids
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    if sorted_keys.size > 1 and (sorted_keys[1:] == sorted_keys[:-1]).any():
+        raise kernel.error("a (tree id, node id) pair appears twice", X=x)
+
+    def find(tree, node, what):
+        k = tree * span + node
+        ok = (node >= 0) & (node < span)
+        i = np.minimum(np.searchsorted(sorted_keys, np.where(ok, k, 0)), m - 1)
+        found = ok & (sorted_keys[i] == k)
+        if not found.all():
+            raise kernel.error(f"{what} refers to a node id that does not exist in its tree", X=x)
+        return order[i]
+
+    is_leaf = mode == LEAF
+    idx = np.arange(m, dtype=np.int64)
+    inner = ~is_leaf
+    tchild, fchild = idx.copy(), idx.copy()
+    if inner.any():
+        tchild[inner] = find(treeids[inner], tids[inner], "nodes_truenodeids")
+        fchild[inner] = find(treeids[inner], fids[inner], "nodes_falsenodeids")
+    referenced = np.zeros(m, dtype=bool)
+    referenced[tchild[inner]] = True
+    referenced[fchild[inner]] = True
+    roots = []
+    for tree in np.unique(treeids):
+        cand = np.nonzero((treeids == tree) & ~referenced)[0]
+        if cand.size == 0:
+            raise kernel.error(f"tree {int(tree)} has no root (every node is some node's child)", X=x)
+        roots.append(int(cand[0]))
+    w_tree = np.asarray(w_tree if given(w_tree) else [], dtype=np.int64)
+    w_node = np.asarray(w_node if given(w_node) else [], dtype=np.int64)
+    w_target = np.asarray(w_target if given(w_target) else [], dtype=np.int64)
+    if not (w_tree.size == w_node.size == w_target.size == w_weight.size):
+        raise kernel.error("the leaf weight attributes (*_treeids, *_nodeids, *_ids, *_weights) differ in "
+                           f"length: {[w_tree.size, w_node.size, w_target.size, w_weight.size]}", X=x)
+    leaf_node = find(w_tree, w_node, "a leaf weight") if w_tree.size else np.zeros(0, np.int64)
+    feature = np.where(is_leaf, 0, featureids)
+    return Forest(feature=feature, threshold=values, mode=mode, true_child=tchild, false_child=fchild,
+                  missing_true=miss & inner, roots=np.asarray(roots, dtype=np.int64), leaf_node=leaf_node,
+                  leaf_target=w_target, leaf_weight=w_weight.astype(np.float64), n_targets=n_targets,
+                  members={}).finish(kernel)
+
+
+def _values(kernel, plain, as_tensor, name, x):
+    """Float attribute: the *_as_tensor variant (double) when set, else the float list."""
+    if given(as_tensor):
+        if given(plain):
+            raise kernel.error(f"only one of {name} and {name}_as_tensor may be set", X=x)
+        return attr_array(as_tensor).reshape(-1)
+    return np.asarray(list(plain) if given(plain) else [], dtype=np.float32)
+
+
+@register(domain="ai.onnx.ml", versions=(1, 3))
+class TreeEnsembleRegressor(KernelBase):
+    """Y [N, n_targets] float32 = aggregate over trees of the reached leaves' weights
+    (SUM, AVERAGE = sum / number of trees, MIN, MAX; a target no leaf contributes to
+    gets 0) + base_values, then post_transform.  X is [N, F] (1-D: one row)."""
+
+    def __call__(self, X, aggregate_function="SUM", base_values=None, base_values_as_tensor=None,
+                 n_targets=None, nodes_falsenodeids=None, nodes_featureids=None, nodes_hitrates=None,
+                 nodes_hitrates_as_tensor=None, nodes_missing_value_tracks_true=None, nodes_modes=None,
+                 nodes_nodeids=None, nodes_treeids=None, nodes_truenodeids=None, nodes_values=None,
+                 nodes_values_as_tensor=None, post_transform="NONE", target_ids=None, target_nodeids=None,
+                 target_treeids=None, target_weights=None, target_weights_as_tensor=None):
+        x = self.tensor(X, "X")
+        self.check_inputs(x)
+        mode = parse_post_transform(self, post_transform)
+        agg = to_str(aggregate_function).upper()
+        if agg not in _AGGREGATES:
+            raise self.error(f"aggregate_function must be one of {', '.join(_AGGREGATES)}, got {agg!r}", X=x)
+        weights = _values(self, target_weights, target_weights_as_tensor, "target_weights", x)
+        ids = np.asarray(target_ids if given(target_ids) else [], dtype=np.int64)
+        if n_targets is None:
+            n_targets = int(ids.max()) + 1 if ids.size else 1
+        if n_targets < 1:
+            raise self.error(f"n_targets must be positive, got {n_targets}", X=x)
+        forest = _legacy_forest(
+            self, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
+            values=_values(self, nodes_values, nodes_values_as_tensor, "nodes_values", x), modes=nodes_modes,
+            truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
+            missing=nodes_missing_value_tracks_true, w_tree=target_treeids, w_node=target_nodeids,
+            w_target=ids, w_weight=weights, n_targets=int(n_targets), x=x)
+        base = _values(self, base_values, base_values_as_tensor, "base_values", x).astype(np.float64)
+        if base.size not in (0, n_targets):
+            raise self.error(f"base_values has {base.size} entries for {n_targets} targets", X=x)
+        a, _ = _prepare_input(self, x, forest)
+        xp = self.xp
+        y, _ = forest.aggregate(xp, a, agg)
+        if base.size:
+            y = y + xp.asarray(base)
+        y = apply_post_transform(xp, y, mode)
+        return self.result(y.astype(np.float32), DataType.FLOAT)
+
+
+@register(domain="ai.onnx.ml", versions=(1, 3))
+class TreeEnsembleClassifier(KernelBase):
+    """Class scores = sum over trees of the reached leaves' class weights + base_values.
+
+    In general the label is the class with the highest score (the first on ties) and Z
+    the post-transformed scores [N, C].  Two labels with weights on one class id only
+    (the usual binary encoding; base_values then may have 1 entry): with s that class's
+    score, the label is the second when s > 0.5 (all weights non-negative) or s > 0
+    (mixed signs), else the first; Z = [1 - t, t] with t = logistic(s) / probit(s) for
+    LOGISTIC / PROBIT, else [1 - s, s] (all weights non-negative) or [-s, s].  This
+    follows onnxruntime where it is self-consistent; onnxruntime differs with two classes
+    that both get weights (it returns 0/1 instead of the labels) and with base values
+    in the binary case."""
+
+    class Result(NamedTuple):
+        Y: Tensor
+        Z: Tensor
+
+    def __call__(self, X, base_values=None, base_values_as_tensor=None, class_ids=None, class_nodeids=None,
+                 class_treeids=None, class_weights=None, class_weights_as_tensor=None,
+                 classlabels_int64s=None, classlabels_strings=None, nodes_falsenodeids=None,
+                 nodes_featureids=None, nodes_hitrates=None, nodes_hitrates_as_tensor=None,
+                 nodes_missing_value_tracks_true=None, nodes_modes=None, nodes_nodeids=None,
+                 nodes_treeids=None, nodes_truenodeids=None, nodes_values=None, nodes_values_as_tensor=None,
+                 post_transform="NONE"):
+        x = self.tensor(X, "X")
+        self.check_inputs(x)
+        mode = parse_post_transform(self, post_transform)
+        if given(classlabels_int64s) == given(classlabels_strings):
+            raise self.error("exactly one of classlabels_int64s and classlabels_strings must be set", X=x)
+        using_strings = given(classlabels_strings)
+        labels = str_list(classlabels_strings) if using_strings else [int(v) for v in classlabels_int64s]
+        n_classes = len(labels)
+        weights = _values(self, class_weights, class_weights_as_tensor, "class_weights", x)
+        ids = np.asarray(class_ids if given(class_ids) else [], dtype=np.int64)
+        forest = _legacy_forest(
+            self, treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
+            values=_values(self, nodes_values, nodes_values_as_tensor, "nodes_values", x), modes=nodes_modes,
+            truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
+            missing=nodes_missing_value_tracks_true, w_tree=class_treeids, w_node=class_nodeids,
+            w_target=ids, w_weight=weights, n_targets=n_classes, x=x)
+        base = _values(self, base_values, base_values_as_tensor, "base_values", x).astype(np.float64)
+        used = np.unique(ids)
+        binary = n_classes == 2 and used.size == 1
+        if base.size not in (0, n_classes) and not (binary and base.size == 1):
+            raise self.error(f"base_values has {base.size} entries for {n_classes} classes", X=x)
+        a, _ = _prepare_input(self, x, forest)
+        xp = self.xp
+        scores, _ = forest.aggregate(xp, a, "SUM")
+        if binary:
+            c = int(used[0])
+            s = scores[:, c] + (base[c if base.size == 2 else 0] if base.size else 0.0)
+            all_positive = bool((weights >= 0).all())
+            positive = s > (0.5 if all_positive else 0.0)
+            label = label_output(self, labels, positive.astype(np.int64), using_strings)
+            if mode in ("LOGISTIC", "PROBIT"):
+                t = apply_post_transform(xp, s, mode)
+                z = xp.stack([1.0 - t, t], axis=-1)
+            else:
+                # softmax of one score is meaningless: the SOFTMAX modes keep it as is
+                z = xp.stack([1.0 - s, s] if all_positive else [-s, s], axis=-1)
+        else:
+            if base.size:
+                scores = scores + xp.asarray(base)
+            best = xp.argmax(scores, axis=1)
+            label = label_output(self, labels, best, using_strings)
+            z = apply_post_transform(xp, scores, mode)
+        return self.Result(label, self.result(z.astype(np.float32), DataType.FLOAT))
+
+
+@register(domain="ai.onnx.ml")
+class TreeEnsemble(KernelBase):
+    """Opset-5 tree ensemble: Y [N, n_targets] in X's type = aggregate_function (0
+    AVERAGE, 1 SUM, 2 MIN, 3 MAX) of the reached leaves' weights per target (a target
+    no leaf contributes to gets 0), then post_transform (0 NONE, 1 SOFTMAX, 2 LOGISTIC,
+    3 SOFTMAX_ZERO, 4 PROBIT).  Interior nodes are nodes_*, leaves leaf_*; a child is
+    a node or a leaf index according to nodes_trueleafs / nodes_falseleafs.
+    membership_values lists the sets of the BRANCH_MEMBER nodes in order, each ended by
+    NaN.  float16 input is evaluated in float32 and rounded once."""
+
+    def __call__(self, X, aggregate_function=1, leaf_targetids=None, leaf_weights=None,
+                 membership_values=None, n_targets=None, nodes_falseleafs=None, nodes_falsenodeids=None,
+                 nodes_featureids=None, nodes_hitrates=None, nodes_missing_value_tracks_true=None,
+                 nodes_modes=None, nodes_splits=None, nodes_trueleafs=None, nodes_truenodeids=None,
+                 post_transform=0, tree_roots=None):
+        x = self.tensor(X, "X")
+        self.check_inputs(x)
+        mode = parse_post_transform(self, post_transform)
+        if not 0 <= int(aggregate_function) < 4:
+            raise self.error(f"aggregate_function must be 0..3, got {aggregate_function}", X=x)
+        agg = _AGGREGATES[int(aggregate_function)]
+        forest = self._forest(x, leaf_targetids, leaf_weights, membership_values, n_targets, nodes_falseleafs,
+                              nodes_falsenodeids, nodes_featureids, nodes_missing_value_tracks_true,
+                              nodes_modes, nodes_splits, nodes_trueleafs, nodes_truenodeids, tree_roots)
+        a, _ = _prepare_input(self, x, forest)
+        xp = self.xp
+        y, _ = forest.aggregate(xp, a, agg)
+        y = apply_post_transform(xp, y, mode)
+        return self.from_compute(y, x.data_type)
+
+    def _forest(self, x, leaf_targetids, leaf_weights, membership_values, n_targets, nodes_falseleafs,
+                nodes_falsenodeids, nodes_featureids, nodes_missing, nodes_modes, nodes_splits, nodes_trueleafs,
+                nodes_truenodeids, tree_roots) -> Forest:
+        required = {"leaf_targetids": leaf_targetids, "leaf_weights": leaf_weights,
+                    "nodes_falseleafs": nodes_falseleafs, "nodes_falsenodeids": nodes_falsenodeids,
+                    "nodes_featureids": nodes_featureids, "nodes_modes": nodes_modes, "nodes_splits": nodes_splits,
+                    "nodes_trueleafs": nodes_trueleafs, "nodes_truenodeids": nodes_truenodeids,
+                    "tree_roots": tree_roots}
+        missing_attrs = [k for k, v in required.items() if v is None]
+        if missing_attrs:
+            raise self.error(f"required attribute(s) {missing_attrs} missing", X=x)
+        modes = attr_array(nodes_modes).reshape(-1).astype(np.int64)
+        ni = modes.size
+        splits = attr_array(nodes_splits).reshape(-1)
+        if isinstance(nodes_splits, Tensor) and nodes_splits.data_type != x.data_type:
+            raise self.type_error(f"nodes_splits is {dtypes.describe(nodes_splits.data_type)} but X is "
+                                  f"{dtypes.describe(x.data_type)}", X=x)
+        splits = splits.astype(np.float64 if splits.dtype == np.float64 else np.float32)
+        arrays = {name: np.asarray(v, dtype=np.int64).reshape(-1) for name, v in (
+            ("nodes_featureids", nodes_featureids), ("nodes_truenodeids", nodes_truenodeids),
+            ("nodes_falsenodeids", nodes_falsenodeids), ("nodes_trueleafs", nodes_trueleafs),
+            ("nodes_falseleafs", nodes_falseleafs))}
+        lengths = {k: v.size for k, v in arrays.items()}
+        lengths["nodes_splits"] = splits.size
+        bad = {k: v for k, v in lengths.items() if v != ni}
+        if bad:
+            raise self.error(f"nodes_* attributes must all have {ni} entries (nodes_modes); got {bad}", X=x)
+        if ni and (modes.min() < 0 or modes.max() > MEMBER):
+            raise self.error(f"nodes_modes values must be 0..6, got {sorted(set(modes.tolist()))}", X=x)
+        miss = np.asarray(nodes_missing, dtype=bool).reshape(-1) if given(nodes_missing) else np.zeros(ni, bool)
+        if miss.size != ni:
+            raise self.error(f"nodes_missing_value_tracks_true has {miss.size} entries for {ni} nodes", X=x)
+        weights = attr_array(leaf_weights).reshape(-1).astype(np.float64)
+        targets = np.asarray(leaf_targetids, dtype=np.int64).reshape(-1)
+        nl = targets.size
+        if weights.size != nl:
+            raise self.error(f"leaf_weights has {weights.size} entries for {nl} leaf_targetids", X=x)
+        if n_targets is None:
+            n_targets = int(targets.max()) + 1 if nl else 1
+        if int(n_targets) < 1:
+            raise self.error(f"n_targets must be positive, got {n_targets}", X=x)
+
+        def child(ids, leafs, what):
+            leafs = leafs.astype(bool)
+            limit = np.where(leafs, nl, ni)
+            if ids.size and ((ids < 0) | (ids >= limit)).any():
+                raise self.error(f"{what} has an index out of range", X=x)
+            return np.where(leafs, ni + ids, ids)
+
+        tchild = child(arrays["nodes_truenodeids"], arrays["nodes_trueleafs"], "nodes_truenodeids")
+        fchild = child(arrays["nodes_falsenodeids"], arrays["nodes_falseleafs"], "nodes_falsenodeids")
+        roots = np.asarray(tree_roots, dtype=np.int64).reshape(-1)
+        if roots.size and (roots.min() < 0 or roots.max() >= ni):
+            raise self.error(f"tree_roots must index nodes_* ([0, {ni})), got {roots.tolist()}", X=x)
+        members = {}
+        member_nodes = np.nonzero(modes == MEMBER)[0]
+        if member_nodes.size:
+            if not given(membership_values):
+                raise self.error("BRANCH_MEMBER nodes need membership_values", X=x)
+            mv = attr_array(membership_values).reshape(-1).astype(np.float64)
+            ends = np.nonzero(np.isnan(mv))[0]
+            if ends.size != member_nodes.size:
+                raise self.error(f"membership_values holds {ends.size} NaN-delimited sets for "
+                                 f"{member_nodes.size} BRANCH_MEMBER nodes", X=x)
+            begin = 0
+            for node, end in zip(member_nodes.tolist(), ends.tolist()):
+                members[node] = mv[begin:end]
+                begin = end + 1
+        m = ni + nl
+        leaf_idx = np.arange(ni, m, dtype=np.int64)
+        return Forest(
+            feature=np.concatenate([arrays["nodes_featureids"], np.zeros(nl, np.int64)]),
+            threshold=np.concatenate([splits, np.zeros(nl, splits.dtype)]),
+            mode=np.concatenate([modes, np.full(nl, LEAF)]).astype(np.int8),
+            true_child=np.concatenate([tchild, leaf_idx]), false_child=np.concatenate([fchild, leaf_idx]),
+            missing_true=np.concatenate([miss, np.zeros(nl, bool)]), roots=roots, leaf_node=leaf_idx,
+            leaf_target=targets, leaf_weight=weights, n_targets=int(n_targets), members=members).finish(self)

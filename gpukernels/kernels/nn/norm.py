@@ -1,0 +1,387 @@
+"""Normalizations: BatchNormalization, InstanceNormalization, LayerNormalization,
+GroupNormalization, RMSNormalization, LpNormalization, LRN, MeanVarianceNormalization.
+
+Half types are computed in float32 and rounded once (the spec's function bodies round
+stage one's result to the input type before scaling; we round only the final output).
+Statistics (mean, variance) are population statistics, computed as mean((x - mean)^2)
+in the stage-one precision.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ...dtypes import DataType
+from ...tensor import Tensor
+from ..base import KernelBase, register
+
+
+def _axis(kernel, axis, ndim, **tensors):
+    if not -ndim <= axis < ndim:
+        raise kernel.error(f"axis {axis} is out of range for rank {ndim}", **tensors)
+    return axis % ndim
+
+
+def _stash_dtype(kernel, stash_type, **tensors):
+    """The compute dtype of stage one for a stash_type (an element type enum)."""
+    st = int(stash_type)
+    if st == DataType.DOUBLE:
+        return np.dtype(np.float64), DataType.DOUBLE
+    if st in (DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16):
+        return np.dtype(np.float32), DataType(st)
+    raise kernel.error(f"stash_type {stash_type} is not a supported float type "
+                       "(1 float, 10 float16, 11 double, 16 bfloat16)", **tensors)
+
+
+# ------------------------------------------------------------------ BatchNormalization
+
+
+@register()
+class BatchNormalization(KernelBase):
+    """ONNX BatchNormalization, every opset (1, 6, 7, 9, 14, 15).
+
+    Mode: opset 14/15 -- the training_mode attribute.  Opset 1/6 -- the is_test
+    attribute (0, the default, is training mode, as the spec says).  Opset 7/9 -- the
+    spec's "output case #1": training mode exactly when the node declares any output
+    besides Y (the runtime passes the declared outputs in ``requested_outputs``; a
+    direct call is inference; use ``training_forward`` for training).
+
+    Training: batch mean and population variance over every axis except the channel
+    (except the batch axis only for opset 1/6/7 spatial=0, where scale, B, mean and var
+    may have shape X.shape[1:]); running = input * momentum + batch * (1 - momentum).
+    Outputs: opset 14/15 Y, running_mean, running_var; opset 1-9 Y, mean, var,
+    saved_mean, saved_var where mean/var are the running statistics and saved_mean /
+    saved_var the batch mean and batch (population) variance.  A 1-D X is (N,) with C = 1.
+    """
+
+    class Result(NamedTuple):
+        Y: Tensor
+        running_mean: Tensor | None = None
+        running_var: Tensor | None = None
+
+    class LegacyResult(NamedTuple):
+        Y: Tensor
+        mean: Tensor | None = None
+        var: Tensor | None = None
+        saved_mean: Tensor | None = None
+        saved_var: Tensor | None = None
+
+    def __call__(self, X, scale, B, input_mean=None, input_var=None, epsilon=1e-5, momentum=0.9,
+                 training_mode=0, is_test=0, spatial=1, consumed_inputs=None, mean=None, var=None):
+        if input_mean is None:
+            input_mean = mean
+        if input_var is None:
+            input_var = var
+        v = self.since_version
+        if v >= 14:
+            training = bool(training_mode)
+        elif v >= 7:
+            r = self.requested_outputs
+            training = r is not None and any(r[1:])
+        else:
+            training = not is_test
+        spatial = bool(spatial) if v < 9 else True
+        return self._run(X, scale, B, input_mean, input_var, float(epsilon), float(momentum), training,
+                         spatial)
+
+    def training_forward(self, X, scale, B, input_mean, input_var, epsilon=1e-5, momentum=0.9,
+                         spatial=1):
+        """Training mode at any opset: normalise with the batch statistics and return the
+        updated running statistics (Result, or LegacyResult before opset 14)."""
+        return self._run(X, scale, B, input_mean, input_var, float(epsilon), float(momentum), True,
+                         bool(spatial) if self.since_version < 9 else True)
+
+    def _run(self, X, scale, B, input_mean, input_var, eps, momentum, training, spatial):
+        x = self.tensor(X, "X")
+        s = self.tensor(scale, "scale")
+        b = self.tensor(B, "B")
+        m = self.tensor(input_mean, "input_mean")
+        var = self.tensor(input_var, "input_var")
+        self.check_inputs(x, s, b, m, var)
+        tensors = dict(X=x, scale=s, B=b, input_mean=m, input_var=var)
+        if x.ndim < 1:
+            raise self.error("X must have rank >= 1", **tensors)
+        shape = x.shape if x.ndim >= 2 else (x.shape[0], 1)
+        C = shape[1]
+        per_feature = not spatial
+        param_shapes = [(C,)]
+        if per_feature:
+            param_shapes.append(tuple(shape[1:]))
+        for name, t in (("scale", s), ("B", b), ("input_mean", m), ("input_var", var)):
+            if tuple(t.shape) not in param_shapes:
+                want = " or ".join(str(list(p)) for p in param_shapes)
+                raise self.error(f"{name} must have shape {want}", **tensors)
+        xp = self.xp
+        xc = self.to_compute(x).reshape(shape)
+        dt = xc.dtype
+        nd = len(shape)
+
+        def param(t):
+            a = self.to_compute(t, dt)
+            if a.ndim == 1:
+                return a.reshape((1, C) + (1,) * (nd - 2))
+            return a.reshape((1,) + tuple(shape[1:]))
+
+        sc, bc = param(s), param(b)
+        if not training:
+            mc, vc = param(m), param(var)
+            a = sc / xp.sqrt(vc + dt.type(eps))
+            y = xc * a + (bc - mc * a)
+            y = self.from_compute(y.reshape(x.shape), x.data_type)
+            return self.Result(y) if self.since_version >= 14 else self.LegacyResult(y)
+        axes = (0,) if per_feature else (0,) + tuple(range(2, nd))
+        bmean = xp.mean(xc, axis=axes, keepdims=True)
+        d = xc - bmean
+        bvar = xp.mean(d * d, axis=axes, keepdims=True)
+        y = d * (sc / xp.sqrt(bvar + dt.type(eps))) + bc
+        y = self.from_compute(y.reshape(x.shape), x.data_type)
+
+        def running(t, batch):
+            prev = self.to_compute(t, dt)
+            new = prev * dt.type(momentum) + batch.reshape(prev.shape) * dt.type(1.0 - momentum)
+            return self.from_compute(new, t.data_type)
+
+        run_mean = running(m, bmean) if self.wants_output(1) else None
+        run_var = running(var, bvar) if self.wants_output(2) else None
+        if self.since_version >= 14:
+            return self.Result(y, run_mean, run_var)
+        saved_mean = self.from_compute(bmean.reshape(m.shape), m.data_type) if self.wants_output(3) else None
+        saved_var = self.from_compute(bvar.reshape(var.shape), var.data_type) if self.wants_output(4) else None
+        return self.LegacyResult(y, run_mean, run_var, saved_mean, saved_var)
+
+
+# ------------------------------------------------------------------ per-instance norms
+
+
+def _moments(xp, x, axes):
+    mean = xp.mean(x, axis=axes, keepdims=True)
+    d = x - mean
+    var = xp.mean(d * d, axis=axes, keepdims=True)
+    return mean, d, var
+
+
+@register()
+class InstanceNormalization(KernelBase):
+    """y = scale * (x - mean) / sqrt(var + epsilon) + B with statistics per (n, c) over
+    the spatial axes (X of rank >= 3; rank 2 (N, C) normalises single values)."""
+
+    def __call__(self, input, scale, B, epsilon=1e-5, consumed_inputs=None):
+        x = self.tensor(input, "input")
+        s = self.tensor(scale, "scale")
+        b = self.tensor(B, "B")
+        self.check_inputs(x, s, b)
+        if x.ndim < 2:
+            raise self.error("input must have rank >= 2 (N x C x ...)", input=x)
+        C = x.shape[1]
+        for name, t in (("scale", s), ("B", b)):
+            if tuple(t.shape) != (C,):
+                raise self.error(f"{name} must have shape ({C},)", input=x, scale=s, B=b)
+        xp = self.xp
+        xc = self.to_compute(x)
+        dt = xc.dtype
+        axes = tuple(range(2, x.ndim))
+        shape = (1, C) + (1,) * (x.ndim - 2)
+        mean, d, var = _moments(xp, xc, axes)
+        y = d * (self.to_compute(s, dt).reshape(shape) / xp.sqrt(var + dt.type(epsilon))) \
+            + self.to_compute(b, dt).reshape(shape)
+        return self.from_compute(y, x.data_type)
+
+
+def _unidirectional(kernel, t, x, name):
+    """Check that t broadcasts to x's shape without growing x."""
+    if t.ndim > x.ndim or any(d not in (1, xd) for d, xd in zip(reversed(t.shape), reversed(x.shape))):
+        raise kernel.error(f"{name} {list(t.shape)} does not broadcast to X {list(x.shape)}",
+                           X=x, **{name: t})
+
+
+@register()
+class LayerNormalization(KernelBase):
+    """Statistics over axes [axis, rank); stage one in stash_type's precision (float32
+    for stash_type 1, also for double X, as the spec's function body casts); Scale and
+    B broadcast unidirectionally to X.  Mean and InvStdDev have X's shape with the
+    normalised axes set to 1, in the stash type."""
+
+    class Result(NamedTuple):
+        Y: Tensor
+        Mean: Tensor | None = None
+        InvStdDev: Tensor | None = None
+
+    def __call__(self, X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1):
+        x = self.tensor(X, "X")
+        s = self.tensor(Scale, "Scale")
+        b = self.tensor(B, "B", optional=True)
+        self.check_inputs(x, s, b)
+        if x.ndim < 1:
+            raise self.error("X must have rank >= 1", X=x)
+        ax = _axis(self, int(axis), x.ndim, X=x)
+        _unidirectional(self, s, x, "Scale")
+        if not b.is_absent:
+            _unidirectional(self, b, x, "B")
+        sdt, stype = _stash_dtype(self, stash_type, X=x)
+        xp = self.xp
+        xs = self.to_compute(x, sdt)
+        axes = tuple(range(ax, x.ndim))
+        mean, d, var = _moments(xp, xs, axes)
+        inv = 1.0 / xp.sqrt(var + sdt.type(epsilon))
+        normalized = d * inv
+        cdt = np.float64 if x.data_type == DataType.DOUBLE else np.float32
+        y = normalized.astype(cdt, copy=False) * self.to_compute(s, cdt)
+        if not b.is_absent:
+            y = y + self.to_compute(b, cdt)
+        out = self.from_compute(y, x.data_type)
+        mean_t = self.from_compute(mean, stype) if self.wants_output(1) else None
+        inv_t = self.from_compute(inv, stype) if self.wants_output(2) else None
+        return self.Result(out, mean_t, inv_t)
+
+
+@register()
+class GroupNormalization(KernelBase):
+    """Statistics per (n, group) over the group's channels and the spatial axes.
+    Opset 18: scale and bias have shape (num_groups,), one value per group (the opset-18
+    text).  Opset 21: shape (C,), one value per channel; stage one runs in stash_type's
+    precision."""
+
+    def __call__(self, X, scale, bias, epsilon=1e-5, num_groups=None, stash_type=1):
+        x = self.tensor(X, "X")
+        s = self.tensor(scale, "scale")
+        b = self.tensor(bias, "bias")
+        self.check_inputs(x, s, b)
+        tensors = dict(X=x, scale=s, bias=b)
+        if num_groups is None:
+            raise self.error("attribute 'num_groups' is required", **tensors)
+        G = int(num_groups)
+        if x.ndim < 2:
+            raise self.error("X must have rank >= 2 (N x C x ...)", **tensors)
+        N, C = x.shape[:2]
+        if G < 1 or C % G:
+            raise self.error(f"num_groups ({G}) must be >= 1 and divide the channels ({C})", **tensors)
+        per_group = self.since_version < 21
+        want = (G,) if per_group else (C,)
+        for name, t in (("scale", s), ("bias", b)):
+            if tuple(t.shape) != want:
+                what = "num_groups" if per_group else "C"
+                raise self.error(f"{name} must have shape {list(want)} ({what}) at opset "
+                                 f"{self.since_version}", **tensors)
+        sdt, _ = _stash_dtype(self, stash_type if self.since_version >= 21 else 1, **tensors)
+        if x.data_type == DataType.DOUBLE and self.since_version < 21:
+            sdt = np.dtype(np.float64)
+        xp = self.xp
+        xs = self.to_compute(x, sdt)
+        xg = xs.reshape((N, G, -1))
+        mean, d, var = _moments(xp, xg, (2,))
+        normalized = (d / xp.sqrt(var + sdt.type(epsilon))).reshape(x.shape)
+        cdt = np.float64 if x.data_type == DataType.DOUBLE else np.float32
+        normalized = normalized.astype(cdt, copy=False)
+        sc = self.to_compute(s, cdt)
+        bc = self.to_compute(b, cdt)
+        if per_group:
+            cs = C // G
+            sc = xp.repeat(sc, cs)
+            bc = xp.repeat(bc, cs)
+        shape = (1, C) + (1,) * (x.ndim - 2)
+        y = normalized * sc.reshape(shape) + bc.reshape(shape)
+        return self.from_compute(y, x.data_type)
+
+
+@register()
+class RMSNormalization(KernelBase):
+    """Y = X / sqrt(mean(X^2 over [axis, rank)) + epsilon) * scale; stage one in
+    stash_type's precision; scale broadcasts unidirectionally to X."""
+
+    def __call__(self, X, scale, axis=-1, epsilon=1e-5, stash_type=1):
+        x = self.tensor(X, "X")
+        s = self.tensor(scale, "scale")
+        self.check_inputs(x, s)
+        if x.ndim < 1:
+            raise self.error("X must have rank >= 1", X=x)
+        ax = _axis(self, int(axis), x.ndim, X=x)
+        _unidirectional(self, s, x, "scale")
+        sdt, _ = _stash_dtype(self, stash_type, X=x)
+        xp = self.xp
+        xs = self.to_compute(x, sdt)
+        ms = xp.mean(xs * xs, axis=tuple(range(ax, x.ndim)), keepdims=True)
+        normalized = xs / xp.sqrt(ms + sdt.type(epsilon))
+        cdt = np.float64 if x.data_type == DataType.DOUBLE or s.data_type == DataType.DOUBLE else np.float32
+        y = normalized.astype(cdt, copy=False) * self.to_compute(s, cdt)
+        return self.from_compute(y, x.data_type)
+
+
+@register()
+class LpNormalization(KernelBase):
+    """output = input / ||input||_p along axis (p = 1 or 2); a zero norm gives zero."""
+
+    def __call__(self, input, axis=-1, p=2):
+        x = self.tensor(input, "input")
+        self.check_inputs(x)
+        if int(p) not in (1, 2):
+            raise self.error(f"p must be 1 or 2, got {p}", input=x)
+        if x.ndim == 0:
+            raise self.error("input must have rank >= 1", input=x)
+        ax = _axis(self, int(axis), x.ndim, input=x)
+        xp = self.xp
+        xc = self.to_compute(x)
+        if int(p) == 1:
+            norm = xp.sum(xp.abs(xc), axis=ax, keepdims=True)
+        else:
+            norm = xp.sqrt(xp.sum(xc * xc, axis=ax, keepdims=True))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            y = xp.where(norm == 0, xc.dtype.type(0), xc / xp.where(norm == 0, 1, norm))
+        return self.from_compute(y, x.data_type)
+
+
+@register()
+class LRN(KernelBase):
+    """Y = X / (bias + alpha / size * square_sum)^beta, square_sum over channels
+    c - floor((size-1)/2) .. c + ceil((size-1)/2) clipped to [0, C)."""
+
+    def __call__(self, X, alpha=1e-4, beta=0.75, bias=1.0, size=None):
+        x = self.tensor(X, "X")
+        self.check_inputs(x)
+        if size is None or int(size) < 1:
+            raise self.error(f"attribute 'size' must be a positive int, got {size}", X=x)
+        if x.ndim < 2:
+            raise self.error("X must have rank >= 2 (N x C x ...)", X=x)
+        size = int(size)
+        xp = self.xp
+        xc = self.to_compute(x)
+        C = x.shape[1]
+        before = (size - 1) // 2
+        after = size - 1 - before
+        sq = xc * xc
+        pad = [(0, 0)] * x.ndim
+        pad[1] = (before, after)
+        sqp = xp.pad(sq, pad)
+        acc = xp.zeros_like(sq)
+        for k in range(size):
+            acc += sqp[:, k:k + C]
+        dt = xc.dtype.type
+        y = xc / xp.power(dt(bias) + dt(alpha / size) * acc, dt(beta))
+        return self.from_compute(y, x.data_type)
+
+
+@register()
+class MeanVarianceNormalization(KernelBase):
+    """Y = (X - mean) / (sqrt(var) + 1e-9) over axes (default [0, 2, 3]); the epsilon
+    1e-9 is the one the spec's function body adds to the standard deviation."""
+
+    def __call__(self, X, axes=None):
+        x = self.tensor(X, "X")
+        self.check_inputs(x)
+        if axes is None:
+            axes = [0, 2, 3]
+        nd = x.ndim
+        norm_axes = []
+        for a in axes:
+            a = int(a)
+            if not -nd <= a < nd:
+                raise self.error(f"axis {a} is out of range for rank {nd}", X=x)
+            norm_axes.append(a % nd)
+        if len(set(norm_axes)) != len(norm_axes):
+            raise self.error(f"axes {list(axes)} repeat an axis", X=x)
+        xp = self.xp
+        xc = self.to_compute(x)
+        mean, d, var = _moments(xp, xc, tuple(norm_axes))
+        y = d / (xp.sqrt(var) + xc.dtype.type(1e-9))
+        return self.from_compute(y, x.data_type)

@@ -1,0 +1,1 @@
+"""Kernels of the ai.onnx.preview domain."""

@@ -1,0 +1,2 @@
+"""Signal processing kernels: DFT, STFT, the Hann/Hamming/Blackman windows and
+MelWeightMatrix."""

@@ -1,0 +1,213 @@
+"""GridSample (2-D, and N-D from opset 20) and AffineGrid (2-D and 3-D).
+
+GridSample: grid[..., 0] addresses the last spatial axis (x), grid[..., 1] the one before
+(y), and so on.  Normalised coordinates become pixel coordinates by
+align_corners=1: (g + 1) / 2 * (L - 1);  align_corners=0: ((g + 1) * L - 1) / 2.
+'nearest' first rounds half to even.  A coordinate outside [-0.5, L-0.5] ([0, L-1] with
+align_corners) is clamped to [0, L-1] ('border') or reflected into that range until
+inside ('reflection').  The taps of the kernel (1, 2 or 4 per axis; cubic uses
+a = -0.75) then read zeros outside the input ('zeros'), the clamped index ('border') or
+the reflected index ('reflection').  Integer outputs of linear/cubic are rounded half to
+even and saturated.
+
+The index maps and tap weights are computed once per call with array operations; the
+gather runs over channel vectors (input transposed to channels-last once).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ... import dtypes
+from ...dtypes import DataType
+from ...tensor import Tensor
+from ..base import KernelBase, register
+from ._common import host_ints, product, xp_for
+
+_MODE_ALIASES = {"bilinear": "linear", "bicubic": "cubic"}
+
+
+def _reflect(xp, x, lo: float, hi: float):
+    rng = hi - lo
+    if rng <= 0:
+        return xp.full_like(x, lo)
+    below = x < lo
+    above = x > hi
+    dx = xp.where(below, lo - x, x - hi)
+    n = xp.floor(dx / rng)
+    r = dx - n * rng
+    even = xp.fmod(n, 2) == 0
+    from_below = xp.where(even, lo + r, hi - r)
+    from_above = xp.where(even, hi - r, lo + r)
+    return xp.where(below, from_below, xp.where(above, from_above, x))
+
+
+def _cubic_w(xp, t, a: float = -0.75):
+    """Weights of taps at floor-1 .. floor+2 for fractional position t."""
+    def near(d):
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+
+    def far(d):
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+@register()
+class GridSample(KernelBase):
+    def __call__(self, X, grid, align_corners=0, mode=None, padding_mode="zeros"):
+        x = self.tensor(X, "X")
+        g = self.tensor(grid, "grid")
+        self.check_inputs(x, g)
+        named = {"X": x, "grid": g}
+        mode = mode.decode() if isinstance(mode, bytes) else (mode or ("bilinear" if self.since_version < 20
+                                                                       else "linear"))
+        padding_mode = padding_mode.decode() if isinstance(padding_mode, bytes) else str(padding_mode)
+        allowed = ("bilinear", "nearest", "bicubic") if self.since_version < 20 else ("linear", "nearest", "cubic")
+        if mode not in allowed:
+            raise self.error(f"mode must be one of {list(allowed)}, got {mode!r}", **named)
+        mode = _MODE_ALIASES.get(mode, mode)
+        if padding_mode not in ("zeros", "border", "reflection"):
+            raise self.error(f"padding_mode must be zeros, border or reflection, got {padding_mode!r}", **named)
+        r = x.ndim - 2
+        if r < 1 or (self.since_version < 20 and r != 2):
+            raise self.error("X must be 4-D (opset 16) or have rank >= 3 (opset 20+)", **named)
+        if g.ndim != r + 2 or g.shape[0] != x.shape[0] or g.shape[-1] != r:
+            raise self.error(f"grid must have shape [N, *out_spatial, {r}] matching X's batch", **named)
+        info = dtypes.info(x.data_type)
+        if mode != "nearest" and info.kind in ("string", "bool"):
+            raise self.type_error(f"mode {mode!r} cannot interpolate {dtypes.describe(x.data_type)}", **named)
+        xp = xp_for(self, x)
+        N, C = x.shape[:2]
+        S = x.shape[2:]
+        O = g.shape[1:-1]
+        out_shape = (N, C) + O
+        M = product(O)
+        if product(out_shape) == 0 or product(S) == 0:
+            fill = np.full(out_shape, "", object) if info.kind == "string" else xp.zeros(out_shape, x.array.dtype)
+            return Tensor.wrap(fill, x.data_type)
+        gc = self.to_compute(g)
+        if xp is np and not isinstance(gc, np.ndarray):
+            gc = gc.get()
+        work = np.float64 if gc.dtype == np.float64 or x.array.dtype in (np.float64, np.complex128) else np.float32
+        gc = gc.astype(work).reshape(N, M, r)
+        taps_per_axis = []  # per spatial axis k: list of (index (N, M) int64, weight or None, valid mask)
+        for k in range(r):
+            L = S[k]
+            n = gc[..., r - 1 - k]
+            if align_corners:
+                c = (n + 1) / 2 * (L - 1)
+                lo, hi = 0.0, float(L - 1)
+            else:
+                c = ((n + 1) * L - 1) / 2
+                lo, hi = -0.5, L - 0.5
+            if mode == "nearest":
+                c = xp.rint(c)
+            if padding_mode == "border":
+                c = xp.clip(c, 0, L - 1)
+            elif padding_mode == "reflection":
+                c = _reflect(xp, c, lo, hi)
+            if mode == "nearest":
+                positions = [(xp.trunc(c), None)]
+            else:
+                f = xp.floor(c)
+                t = c - f
+                if mode == "linear":
+                    positions = [(f, 1 - t), (f + 1, t)]
+                else:
+                    ws = _cubic_w(xp, t)
+                    positions = [(f + (j - 1), ws[j]) for j in range(4)]
+            taps = []
+            for p, w in positions:
+                if padding_mode == "zeros":
+                    valid = (p >= 0) & (p <= L - 1)
+                elif padding_mode == "border":
+                    p, valid = xp.clip(p, 0, L - 1), None
+                else:
+                    p, valid = xp.trunc(_reflect(xp, p, lo, hi)), None
+                idx = xp.clip(p, 0, L - 1).astype(xp.int64)
+                taps.append((idx, w, valid))
+            taps_per_axis.append(taps)
+        strides = [product(S[k + 1:]) for k in range(r)]
+        if mode == "nearest" or info.kind not in ("float", "complex"):
+            src = x.array if mode == "nearest" else x.array.astype(np.float64)
+        else:
+            src = self.to_compute(x)
+        xt = xp.ascontiguousarray(src.reshape(N, C, -1).transpose(0, 2, 1))  # (N, P, C)
+        bidx = xp.arange(N)[:, None]
+        acc = None
+        for combo in itertools.product(*taps_per_axis):
+            lin = None
+            weight = None
+            valid = None
+            for k, (idx, w, v) in enumerate(combo):
+                term = idx * strides[k]
+                lin = term if lin is None else lin + term
+                if w is not None:
+                    weight = w if weight is None else weight * w
+                if v is not None:
+                    valid = v if valid is None else valid & v
+            vals = xt[bidx, lin]  # (N, M, C)
+            if mode == "nearest":
+                if valid is not None:
+                    zero = "" if info.kind == "string" else 0
+                    vals = xp.where(valid[..., None], vals, xp.asarray(zero, dtype=vals.dtype)
+                                    if info.kind != "string" else zero)
+                acc = vals
+                break
+            if valid is not None:
+                weight = xp.where(valid, weight, 0)
+            term = vals * weight[..., None].astype(work)
+            acc = term if acc is None else acc + term
+        res = xp.ascontiguousarray(acc.transpose(0, 2, 1)).reshape(out_shape)
+        if mode == "nearest":
+            return Tensor.wrap(res, x.data_type)
+        if info.kind in ("int", "uint"):
+            lim = np.iinfo(info.storage)
+            res = xp.clip(xp.rint(res), lim.min, lim.max).astype(info.storage)
+            return Tensor.wrap(res, x.data_type)
+        if info.kind == "complex":
+            return Tensor.wrap(res.astype(info.numpy), x.data_type)
+        return self.from_compute(res, x.data_type)
+
+
+@register()
+class AffineGrid(KernelBase):
+    """Sampling grid (N, H, W, 2) or (N, D, H, W, 3) of theta (N, 2, 3) / (N, 3, 4) applied
+    to the normalised output coordinates: align_corners=1 spans [-1, 1] corner to corner
+    (a size-1 axis gives -1); align_corners=0 uses pixel centres (2i + 1) / L - 1."""
+
+    def __call__(self, theta, size, align_corners=0):
+        t = self.tensor(theta, "theta")
+        s = self.tensor(size, "size")
+        self.check_inputs(t, s)
+        named = {"theta": t, "size": s}
+        dims = host_ints(self, s, "size")
+        if len(dims) not in (4, 5):
+            raise self.error(f"size must be [N, C, H, W] or [N, C, D, H, W], got {dims}", **named)
+        if any(d < 0 for d in dims):
+            raise self.error(f"negative size {dims}", **named)
+        r = len(dims) - 2
+        N = dims[0]
+        if t.shape != (N, r, r + 1):
+            raise self.error(f"theta must have shape [{N}, {r}, {r + 1}] for size {dims}", **named)
+        xp = self.xp
+        th = self.to_compute(t)
+        work = th.dtype
+        axes = []
+        for L in dims[2:]:
+            i = np.arange(L, dtype=np.float64)
+            if align_corners:
+                a = np.full(L, -1.0) if L <= 1 else i * 2 / (L - 1) - 1
+            else:
+                a = (2 * i + 1) / max(L, 1) - 1
+            axes.append(a)
+        mesh = np.meshgrid(*axes, indexing="ij")  # spatial order (D,) H, W
+        coords = [m.reshape(-1) for m in mesh[::-1]]  # x, y(, z)
+        base = np.stack(coords + [np.ones_like(coords[0])], axis=1)  # (P, r + 1)
+        b = xp.asarray(base.astype(work))
+        grid = xp.matmul(b[None], xp.swapaxes(th, 1, 2))  # (N, P, r)
+        out = grid.reshape((N,) + tuple(dims[2:]) + (r,))
+        return self.from_compute(out, t.data_type)

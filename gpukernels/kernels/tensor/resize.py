@@ -1,0 +1,322 @@
+"""Resize and Upsample.
+
+Resizing is separable: each resized axis gets, once per call, an index map (nearest) or a
+dense (out, in) weight matrix (linear, cubic, antialiased), built on the host in float64
+from the coordinate transformation; the data is then gathered / multiplied axis by axis
+on the device (one matmul per axis).
+
+Conventions (following the spec and the ONNX reference outputs):
+* The scale in the coordinate formulas is the given scale (scales input) or out/in (sizes
+  input, or the common scale of keep_aspect_ratio_policy); ``output_width`` in
+  align_corners, tf_crop_and_resize, pytorch_half_pixel and half_pixel_symmetric is
+  in * scale (a float when scales are given), as the ONNX reference computes it.
+* linear/cubic taps outside the input repeat the edge, unless exclude_outside=1 (their
+  weights become 0 and the rest are renormalised).  antialias=1 stretches the linear /
+  cubic kernel by 1/scale when downscaling and normalises the weights.
+* tf_crop_and_resize: output elements whose source coordinate on any resized axis lies
+  outside [0, in-1] get extrapolation_value.
+* Integer outputs are rounded half to even and saturated to the type's range.
+* Opset 10 Resize and Upsample: coordinates are asymmetric (x_out / scale); nearest takes
+  floor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import dtypes
+from ...dtypes import DataType
+from ...tensor import Tensor
+from ..base import KernelBase, register
+from ._common import host_floats, host_ints, norm_axes, product, xp_for
+
+COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+               "asymmetric", "tf_crop_and_resize")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+MODES = ("nearest", "linear", "cubic")
+POLICIES = ("stretch", "not_larger", "not_smaller")
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def source_coords(mode: str, n_in: int, n_out: int, scale: float, out_width: float, roi=(0.0, 1.0)):
+    """(x_original for every output index, extrapolated mask or None), float64 host."""
+    y = np.arange(n_out, dtype=np.float64)
+    extra = None
+    if mode == "align_corners":
+        x = np.zeros(n_out) if out_width == 1 else y * (n_in - 1) / (out_width - 1)
+    elif mode == "asymmetric":
+        x = y / scale
+    elif mode == "tf_crop_and_resize":
+        start, end = roi
+        if out_width == 1:
+            x = np.full(n_out, (end - start) * (n_in - 1) / 2)
+        else:
+            x = y * (end - start) * (n_in - 1) / (out_width - 1)
+        x = x + start * (n_in - 1)
+        extra = (x < 0) | (x > n_in - 1)
+    elif mode == "pytorch_half_pixel":
+        x = np.full(n_out, -0.5) if out_width == 1 else (y + 0.5) / scale - 0.5
+    elif mode == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    else:  # half_pixel_symmetric
+        adjustment = n_out / out_width
+        offset = n_in / 2 * (1 - adjustment)
+        x = offset + (y + 0.5) / scale - 0.5
+    return x, extra
+
+
+def nearest_index(x: np.ndarray, n_in: int, nearest_mode: str) -> np.ndarray:
+    if nearest_mode == "round_prefer_floor":
+        i = np.ceil(x - 0.5)
+    elif nearest_mode == "round_prefer_ceil":
+        i = np.floor(x + 0.5)
+    elif nearest_mode == "floor":
+        i = np.floor(x)
+    else:
+        i = np.ceil(x)
+    return np.clip(i, 0, n_in - 1).astype(np.int64)
+
+
+def _cubic(d: np.ndarray, a: float) -> np.ndarray:
+    d = np.abs(d)
+    d2, d3 = d * d, d * d * d
+    near = (a + 2) * d3 - (a + 3) * d2 + 1
+    far = a * d3 - 5 * a * d2 + 8 * a * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def weight_matrix(x: np.ndarray, n_in: int, mode: str, scale: float, antialias: bool,
+                  cubic_a: float, exclude_outside: bool) -> np.ndarray:
+    """Dense (n_out, n_in) float64 interpolation weights for source coordinates x."""
+    s = min(scale, 1.0) if antialias else 1.0
+    support = 1.0 if mode == "linear" else 2.0
+    start = int(math.floor(-support / s) + 1)
+    taps = np.arange(start, 2 - start)  # linear: [0, 1], cubic: [-1, 2]; wider when antialiased
+    base = np.floor(x)
+    pos = base[:, None] + taps[None, :]  # (n_out, n_taps) input positions
+    dist = (pos - x[:, None]) * s
+    if mode == "linear":
+        w = np.clip(1 - np.abs(dist), 0, 1)
+    else:
+        w = _cubic(dist, cubic_a)
+    if antialias:
+        w = w / w.sum(axis=1, keepdims=True)
+    if exclude_outside:
+        w = np.where((pos < 0) | (pos > n_in - 1), 0.0, w)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    idx = np.clip(pos, 0, n_in - 1).astype(np.int64)
+    m = np.zeros((x.size, n_in), dtype=np.float64)
+    rows = np.broadcast_to(np.arange(x.size)[:, None], idx.shape)
+    np.add.at(m, (rows, idx), w)
+    return m
+
+
+class _ResizeCore(KernelBase):
+    def resize(self, x: Tensor, out_shape, scales, axes, *, mode, coord, nearest_mode="round_prefer_floor",
+               cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, antialias=0,
+               roi=None, out_widths=None) -> Tensor:
+        """x resized on ``axes`` to out_shape (full rank) with per-axis scales."""
+        info = dtypes.info(x.data_type)
+        if mode != "nearest" and info.kind in ("string", "bool"):
+            raise self.type_error(f"mode {mode!r} cannot interpolate {dtypes.describe(x.data_type)}", X=x)
+        xp = xp_for(self, x)
+        if mode == "nearest":
+            arr = x.array
+        elif info.kind == "float":
+            arr = self.to_compute(x)
+        elif info.kind == "complex":
+            arr = x.array
+        else:
+            arr = x.array.astype(np.float64)
+        work = np.float64 if arr.dtype in (np.float64, np.complex128) or info.kind in ("int", "uint") \
+            else np.float32
+        extra_masks = []
+        for k, a in enumerate(axes):
+            n_in, n_out = x.shape[a], out_shape[a]
+            if n_out == x.shape[a] and scales[k] == 1.0 and coord != "tf_crop_and_resize" and mode == "nearest":
+                continue
+            width = out_widths[k] if out_widths is not None else scales[k] * n_in
+            r = roi[k] if roi is not None else (0.0, 1.0)
+            if n_in == 0 or n_out == 0:
+                shape = list(arr.shape)
+                shape[a] = n_out
+                arr = xp.zeros(shape, dtype=arr.dtype)
+                continue
+            src, extra = source_coords(coord, n_in, n_out, scales[k], width, r)
+            if extra is not None and extra.any():
+                extra_masks.append((a, extra))
+            if mode == "nearest":
+                arr = xp.take(arr, xp.asarray(nearest_index(src, n_in, nearest_mode)), axis=a)
+                continue
+            w = weight_matrix(src, n_in, mode, scales[k], bool(antialias), float(cubic_coeff_a),
+                              bool(exclude_outside))
+            wd = xp.asarray(w.astype(work))
+            lead, trail = product(arr.shape[:a]), product(arr.shape[a + 1:])
+            if trail == 1:
+                res = arr.reshape(lead, n_in) @ wd.T
+            else:
+                res = xp.matmul(wd, arr.reshape(lead, n_in, trail))
+            shape = list(arr.shape)
+            shape[a] = n_out
+            arr = res.reshape(shape)
+        if extra_masks:
+            mask = None
+            for a, e in extra_masks:
+                m = xp.asarray(e.reshape((1,) * a + (e.size,) + (1,) * (arr.ndim - a - 1)))
+                mask = m if mask is None else (mask | m)
+            fill = float(extrapolation_value)
+            if mode == "nearest":
+                from .cast import cast_tensor
+
+                fill = cast_tensor(self, Tensor(np.array(fill)), x.data_type).array.reshape(())
+                if xp is not np:
+                    fill = xp.asarray(fill)
+            arr = xp.where(mask, fill, arr).astype(arr.dtype)
+        if mode == "nearest":
+            return Tensor.wrap(arr if arr is not x.array else arr.copy(), x.data_type)
+        if info.kind in ("int", "uint"):
+            lim = np.iinfo(info.storage)
+            arr = xp.clip(xp.rint(arr), lim.min, lim.max).astype(info.storage)
+            return Tensor.wrap(arr if not info.is_exotic or self.on_gpu else arr.view(info.numpy), x.data_type)
+        if info.kind == "complex":
+            return Tensor.wrap(arr.astype(info.numpy), x.data_type)
+        return self.from_compute(arr, x.data_type)
+
+
+@register()
+class Resize(_ResizeCore):
+    """Resize(X, roi, scales, sizes) with every attribute of opset 19 (opset 10:
+    Resize(X, scales)).  ``Resize.resize_sizes(X, sizes, **attrs)`` is the sizes form.
+    An empty roi/scales/sizes tensor counts as absent; exactly one of scales and sizes
+    must be given."""
+
+    def __call__(self, X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
+                 coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
+                 extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
+                 nearest_mode="round_prefer_floor"):
+        x = self.tensor(X, "X")
+        if self.since_version < 11:
+            # opset 10: Resize(X, scales)
+            sc = self.tensor(roi if scales is None else scales, "scales")
+            self.check_inputs(x, sc)
+            return self._run(x, Tensor(), sc, Tensor(), antialias=0, axes=None, coord="asymmetric",
+                             cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0,
+                             policy="stretch", mode=_s(mode), nearest_mode="floor")
+        r = self.tensor(roi, "roi", optional=True)
+        sc = self.tensor(scales, "scales", optional=True)
+        sz = self.tensor(sizes, "sizes", optional=True)
+        self.check_inputs(x, r, sc, sz)
+        return self._run(x, r, sc, sz, antialias=antialias, axes=axes, coord=_s(coordinate_transformation_mode),
+                         cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                         extrapolation_value=extrapolation_value, policy=_s(keep_aspect_ratio_policy),
+                         mode=_s(mode), nearest_mode=_s(nearest_mode))
+
+    def resize_sizes(self, X, sizes, **attrs):
+        """Resize to explicit output sizes (for the resized axes)."""
+        return self(X, None, None, sizes, **attrs)
+
+    def _run(self, x, r, sc, sz, *, antialias, axes, coord, cubic_coeff_a, exclude_outside,
+             extrapolation_value, policy, mode, nearest_mode):
+        named = {"X": x}
+        if mode not in MODES:
+            raise self.error(f"unknown mode {mode!r}; expected one of {list(MODES)}", **named)
+        if coord not in COORD_MODES or (coord == "half_pixel_symmetric" and self.since_version < 19):
+            raise self.error(f"unknown coordinate_transformation_mode {coord!r}", **named)
+        if nearest_mode not in NEAREST_MODES:
+            raise self.error(f"unknown nearest_mode {nearest_mode!r}", **named)
+        if policy not in POLICIES:
+            raise self.error(f"unknown keep_aspect_ratio_policy {policy!r}", **named)
+        if antialias and mode == "nearest":
+            antialias = 0  # antialias applies to linear and cubic only
+        rank = x.ndim
+        ax = list(range(rank)) if axes is None else norm_axes(self, axes, rank, **named)
+        has_scales = not sc.is_absent and sc.size > 0
+        has_sizes = not sz.is_absent and sz.size > 0
+        if has_scales == has_sizes:
+            raise self.error("exactly one of 'scales' and 'sizes' must be given", scales=sc, sizes=sz, **named)
+        out_shape = list(x.shape)
+        out_widths = None
+        if has_scales:
+            scales = host_floats(self, sc, "scales")
+            if len(scales) != len(ax):
+                raise self.error(f"scales has {len(scales)} values for {len(ax)} axes", scales=sc, **named)
+            if any(not (s > 0) or not math.isfinite(s) for s in scales):
+                raise self.error(f"scales must be positive, got {scales}", scales=sc, **named)
+            for a, s in zip(ax, scales):
+                out_shape[a] = int(math.floor(x.shape[a] * s))
+        else:
+            sizes = host_ints(self, sz, "sizes")
+            if len(sizes) != len(ax):
+                raise self.error(f"sizes has {len(sizes)} values for {len(ax)} axes", sizes=sz, **named)
+            if any(s < 0 for s in sizes):
+                raise self.error(f"sizes must be non-negative, got {sizes}", sizes=sz, **named)
+            if any(x.shape[a] == 0 for a in ax):
+                raise self.error("cannot resize an empty axis to a size", **named)
+            ratios = [s / x.shape[a] for a, s in zip(ax, sizes)]
+            if policy == "stretch":
+                scales = ratios
+                for a, s in zip(ax, sizes):
+                    out_shape[a] = s
+                out_widths = [float(s) for s in sizes]
+            else:
+                common = min(ratios) if policy == "not_larger" else max(ratios)
+                scales = [common] * len(ax)
+                for a in ax:
+                    out_shape[a] = int(common * x.shape[a] + 0.5)
+        roi = None
+        if coord == "tf_crop_and_resize":
+            if r.is_absent or r.size == 0:
+                raise self.error("tf_crop_and_resize needs the 'roi' input", **named)
+            vals = host_floats(self, r, "roi")
+            n = len(ax)
+            if len(vals) == 2 * rank and n != rank:
+                vals = [vals[a] for a in ax] + [vals[rank + a] for a in ax]
+            if len(vals) != 2 * n:
+                raise self.error(f"roi has {len(vals)} values; expected {2 * n}", roi=r, **named)
+            roi = [(vals[k], vals[n + k]) for k in range(n)]
+        return self.resize(x, out_shape, scales, ax, mode=mode, coord=coord, nearest_mode=nearest_mode,
+                           cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                           extrapolation_value=extrapolation_value, antialias=antialias, roi=roi,
+                           out_widths=out_widths)
+
+
+@register()
+class Upsample(_ResizeCore):
+    """Deprecated Upsample: nearest (floor of x / scale) or linear (asymmetric
+    coordinates, edge-clamped) on any rank.  Opset 1: height_scale/width_scale on a 4-D
+    input; 7: scales attribute; 9+: scales input."""
+
+    def __call__(self, X, scales=None, mode="nearest", height_scale=None, width_scale=None):
+        x = self.tensor(X, "X")
+        mode = _s(mode)
+        if mode == "bilinear":
+            mode = "linear"
+        if mode not in ("nearest", "linear"):
+            raise self.error(f"mode must be 'nearest' or 'linear', got {mode!r}", X=x)
+        if self.since_version >= 9:
+            sc = self.tensor(scales, "scales")
+            self.check_inputs(x, sc)
+            vals = host_floats(self, sc, "scales")
+        elif self.since_version >= 7:
+            self.check_inputs(x)
+            if scales is None:
+                raise self.error("attribute 'scales' is required", X=x)
+            vals = [float(v) for v in scales]
+        else:
+            self.check_inputs(x)
+            if height_scale is None or width_scale is None or x.ndim != 4:
+                raise self.error("opset-1 Upsample needs height_scale, width_scale and a 4-D input", X=x)
+            vals = [1.0, 1.0, float(height_scale), float(width_scale)]
+        if len(vals) != x.ndim:
+            raise self.error(f"scales has {len(vals)} values for a rank-{x.ndim} input", X=x)
+        if any(not (v >= 1.0) for v in vals):
+            raise self.error(f"Upsample scales must be >= 1, got {vals}", X=x)
+        out_shape = [int(math.floor(d * s)) for d, s in zip(x.shape, vals)]
+        return self.resize(x, out_shape, vals, list(range(x.ndim)), mode=mode, coord="asymmetric",
+                           nearest_mode="floor")

@@ -1,0 +1,214 @@
+"""Scattering operators: Scatter, ScatterElements, ScatterND, TensorScatter.
+
+The output is a copy of ``data`` with updates written at the addressed positions; the
+input is never modified.  Indices may be int32 or int64 and negative; every index is
+checked before any update is applied.
+
+Repeated indices: with reduction 'none' the spec leaves the result open; here the update
+that comes last in index order (C order of the indices) wins, identically on CPU and GPU.
+With add/mul/max/min every update is applied.  Reductions run in the compute type (float32
+for float16/bfloat16/float8, rounded once at the end; integers in their own type with
+two's-complement wrap, bool as logical or (add, max) / and (mul, min)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import dtypes
+from ...dtypes import DataType
+from ...tensor import Tensor
+from ...xp import scatter_assign_last_wins, scatter_reduce
+from ..base import KernelBase, register
+from ._common import assign_rows_last_wins, host_ints, norm_axis, on, product, xp_for
+from .indexing import checked_indices, nd_linear_index
+
+REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _reduction(kernel, reduction, **inputs) -> str:
+    r = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    allowed = REDUCTIONS if kernel.since_version >= 18 else \
+        REDUCTIONS[:3] if kernel.since_version >= 16 else REDUCTIONS[:1]
+    if r not in allowed:
+        raise kernel.error(f"reduction {r!r} is not one of {list(allowed)} (opset {kernel.since_version})",
+                           **inputs)
+    return r
+
+
+def _apply(kernel, x: Tensor, u: Tensor, flat_index, reduction: str) -> Tensor:
+    """Copy of x with the updates u (flattened in index order) applied at flat_index."""
+    xp = xp_for(kernel, x)
+    vals = u.array.reshape(-1)
+    if reduction == "none":
+        out = x.array.copy()
+        scatter_assign_last_wins(xp, out, flat_index, vals)
+        return Tensor.wrap(out, x.data_type)
+    return _reduce(kernel, xp, x, u, flat_index, reduction)
+
+
+def _reduce(kernel, xp, x: Tensor, u: Tensor, flat_index, reduction: str) -> Tensor:
+    info = dtypes.info(x.data_type)
+    if x.data_type == DataType.STRING:
+        raise kernel.type_error(f"reduction {reduction!r} is not defined for strings", data=x)
+    if info.kind == "bool":
+        reduction = {"add": "max", "mul": "min"}.get(reduction, reduction)
+        out = x.array.astype(xp.uint8)
+        vals = u.array.reshape(-1).astype(xp.uint8)
+        scatter_reduce(xp, out.reshape(-1), flat_index, vals, reduction)
+        return Tensor.wrap(out.astype(bool), x.data_type)
+    if info.kind == "float":
+        out = kernel.to_compute(x).copy()
+        vals = kernel.to_compute(u).reshape(-1)
+        scatter_reduce(xp, out.reshape(-1), flat_index, vals, reduction)
+        return kernel.from_compute(out, x.data_type)
+    # integers: on a GPU atomics exist for 32/64-bit only -> widen (wrap is preserved)
+    work = info.storage
+    if xp is not np and work.itemsize < 4:
+        work = np.dtype(np.int64 if work.kind == "i" else np.uint64)
+    out = x.array.astype(work)
+    vals = u.array.reshape(-1).astype(work)
+    scatter_reduce(xp, out.reshape(-1), flat_index, vals, reduction)
+    from .cast import wrap_int
+
+    res = wrap_int(xp, out, info.storage, info.bits) if out.dtype != info.storage else out
+    if info.is_exotic and not kernel.on_gpu:
+        res = res.view(info.numpy)
+    return Tensor.wrap(res, x.data_type)
+
+
+class _ScatterElementsBase(KernelBase):
+    def scatter(self, data, indices, updates, axis, reduction):
+        x = self.tensor(data, "data")
+        i = self.tensor(indices, "indices")
+        u = self.tensor(updates, "updates")
+        self.check_inputs(x, i, u)
+        named = {"data": x, "indices": i, "updates": u}
+        red = _reduction(self, reduction, **named)
+        if x.ndim == 0 or i.ndim != x.ndim:
+            raise self.error("data and indices must have the same rank >= 1", **named)
+        if u.shape != i.shape:
+            raise self.error("updates must have the shape of indices", **named)
+        if u.data_type != x.data_type:
+            raise self.type_error("updates must have data's element type", **named)
+        ax = norm_axis(self, axis, x.ndim, **named)
+        for d in range(x.ndim):
+            if d != ax and i.shape[d] > x.shape[d]:
+                raise self.error(f"indices dimension {d} ({i.shape[d]}) exceeds data's ({x.shape[d]})", **named)
+        xp = xp_for(self, x)
+        idx = checked_indices(self, xp, on(xp, i.array), x.shape[ax], **named)
+        if idx.size == 0:
+            return Tensor.wrap(x.array.copy(), x.data_type)
+        strides = np.cumprod((x.shape[1:] + (1,))[::-1])[::-1]
+        lin = None
+        for d in range(x.ndim):
+            if d == ax:
+                coord = idx
+            else:
+                shape = [1] * x.ndim
+                shape[d] = i.shape[d]
+                coord = xp.arange(i.shape[d], dtype=xp.int64).reshape(shape)
+            term = coord * int(strides[d])
+            lin = term if lin is None else lin + term
+        lin = xp.broadcast_to(lin, i.shape).reshape(-1)
+        return _apply(self, x, u, lin, red)
+
+
+@register()
+class ScatterElements(_ScatterElementsBase):
+    """data[indices[i][j]][j] = updates[i][j] (axis 0) with reduction none/add/mul/max/min.
+    Repeated indices with 'none': the last in index order wins (see the module doc)."""
+
+    def __call__(self, data, indices, updates, axis=0, reduction="none"):
+        return self.scatter(data, indices, updates, axis, reduction)
+
+
+@register()
+class Scatter(_ScatterElementsBase):
+    """The deprecated name of ScatterElements (no reduction)."""
+
+    def __call__(self, data, indices, updates, axis=0):
+        return self.scatter(data, indices, updates, axis, "none")
+
+
+@register()
+class ScatterND(KernelBase):
+    """data[indices[m]] (a k-tuple addressing an element or a slice) = updates[m], with
+    reduction none/add/mul/max/min.  Repeated tuples with 'none': the last wins."""
+
+    def __call__(self, data, indices, updates, reduction="none"):
+        x = self.tensor(data, "data")
+        i = self.tensor(indices, "indices")
+        u = self.tensor(updates, "updates")
+        self.check_inputs(x, i, u)
+        named = {"data": x, "indices": i, "updates": u}
+        red = _reduction(self, reduction, **named)
+        if x.ndim < 1 or i.ndim < 1:
+            raise self.error("data and indices must have rank >= 1", **named)
+        k = i.shape[-1]
+        if not 1 <= k <= x.ndim:
+            raise self.error(f"indices.shape[-1] = {k} must be in [1, {x.ndim}]", **named)
+        want = i.shape[:-1] + x.shape[k:]
+        if u.shape != want:
+            raise self.error(f"updates must have shape {list(want)}", **named)
+        if u.data_type != x.data_type:
+            raise self.type_error("updates must have data's element type", **named)
+        xp = xp_for(self, x)
+        m = product(i.shape[:-1])
+        s = product(x.shape[k:])
+        if m == 0 or s == 0:
+            return Tensor.wrap(x.array.copy(), x.data_type)
+        rows = nd_linear_index(self, xp, on(xp, i.array).reshape(m, k), x.shape[:k], **named)
+        if red == "none":
+            out = x.array.copy()
+            assign_rows_last_wins(xp, out.reshape(-1, s), rows, u.array.reshape(m, s))
+            return Tensor.wrap(out, x.data_type)
+        flat = (rows[:, None] * s + xp.arange(s, dtype=xp.int64)[None, :]).reshape(-1)
+        return _reduce(self, xp, x, u, flat, red)
+
+
+@register()
+class TensorScatter(KernelBase):
+    """KV-cache update: present = past_cache with update written along ``axis`` at
+    write_indices[b] (0 when absent) for every batch entry b.  mode 'linear' requires
+    write_indices[b] + sequence_length <= max_sequence_length; 'circular' wraps around."""
+
+    def __call__(self, past_cache, update, write_indices=None, mode="linear", axis=-2):
+        p = self.tensor(past_cache, "past_cache")
+        u = self.tensor(update, "update")
+        w = self.tensor(write_indices, "write_indices", optional=True)
+        self.check_inputs(p, u, w)
+        named = {"past_cache": p, "update": u}
+        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        if mode not in ("linear", "circular"):
+            raise self.error(f"mode must be 'linear' or 'circular', got {mode!r}", **named)
+        if p.ndim < 2 or u.ndim != p.ndim:
+            raise self.error("past_cache and update must have the same rank >= 2", **named)
+        ax = norm_axis(self, axis, p.ndim, **named)
+        if ax == 0:
+            raise self.error("axis must not be the batch axis 0", **named)
+        if any(a != b for d, (a, b) in enumerate(zip(p.shape, u.shape)) if d != ax):
+            raise self.error(f"update must match past_cache outside axis {ax}", **named)
+        if u.data_type != p.data_type:
+            raise self.type_error("update must have past_cache's element type", **named)
+        B, max_len, L = p.shape[0], p.shape[ax], u.shape[ax]
+        if L > max_len:
+            raise self.error(f"sequence_length {L} exceeds max_sequence_length {max_len}", **named)
+        starts = [0] * B if w.is_absent else host_ints(self, w, "write_indices")
+        if len(starts) != B:
+            raise self.error(f"write_indices must have {B} entries", write_indices=w, **named)
+        if any(s < 0 for s in starts):
+            raise self.error(f"write_indices must be non-negative, got {starts}", write_indices=w, **named)
+        if mode == "linear" and any(s + L > max_len for s in starts):
+            raise self.error(f"write_indices {starts} + sequence_length {L} run past "
+                             f"max_sequence_length {max_len}", write_indices=w, **named)
+        xp = xp_for(self, p)
+        out = p.array.copy()
+        if L == 0 or B == 0:
+            return Tensor.wrap(out, p.data_type)
+        pos = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(L)[None, :]
+        if mode == "circular":
+            pos = pos % max_len
+        view = xp.moveaxis(out, ax, 1)
+        view[xp.arange(B)[:, None], xp.asarray(pos)] = xp.moveaxis(u.array, ax, 1)
+        return Tensor.wrap(out, p.data_type)

@@ -1,0 +1,99 @@
+"""The CPU emulator itself (tools/cuda_emu): warp shuffles/votes, block barriers, dynamic
+shared memory, atomics, the mma layer, error reporting.  The same kernels
+(cuda/selftest.cu) run on a GPU in scripts/gpu_check.sh."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gpukernels.errors import CudaKernelError
+from gpukernels.gpu import selftest
+
+
+def _warp_reference(x, block):
+    n = x.size
+    out = np.zeros((n, 8), np.float32)
+    xp = np.zeros(-(-n // block) * block, np.float32)
+    xp[:n] = x
+    for i in range(n):
+        w0 = i // 32 * 32
+        lane = i % 32
+        w = xp[w0:w0 + 32]
+        out[i, 0] = w.astype(np.float64).sum()
+        out[i, 1] = w[(lane * 7) % 32]
+        out[i, 2] = w[lane - 3] if lane >= 3 else w[lane]
+        out[i, 3] = w[lane + 5] if lane + 5 < 32 else w[lane]
+        seg = lane // 16 * 16
+        out[i, 4] = w[lane ^ 6] if seg <= (lane ^ 6) < seg + 16 else w[lane]
+        bal = sum(1 << l for l in range(32) if w[l] > 0)
+        out[i, 5] = np.array([bal], np.uint32).view(np.float32)[0]
+        out[i, 6] = float(any(w > 2))
+        out[i, 7] = float(all(w > -3))
+    return out
+
+
+def test_warp_primitives(emu, rng):
+    x = rng.standard_normal(96).astype(np.float32) * 2
+    got = selftest.run_warp(emu, x)
+    want = _warp_reference(x, 64)
+    np.testing.assert_allclose(got[:, 0], want[:, 0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[:, 1:5], want[:, 1:5])
+    np.testing.assert_array_equal(got[:, 5].view(np.uint32), want[:, 5].view(np.uint32))
+    np.testing.assert_array_equal(got[:, 6:], want[:, 6:])
+
+
+def test_block_barrier_shared_atomics(emu, rng):
+    x = rng.standard_normal(1000).astype(np.float32)
+    sums, total, counts = selftest.run_block(emu, x, block=128)
+    xp = np.zeros(1024, np.float32)
+    xp[:1000] = x
+    blocks = xp.reshape(8, 128)
+    np.testing.assert_allclose(sums, blocks.sum(1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(total[0], x.sum(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(counts, (blocks > 0).sum(1))
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "tf32"])
+def test_mma_layer(emu, rng, kind):
+    if kind == "tf32":
+        A = rng.standard_normal((16, 8)).astype(np.float32)
+        B = rng.standard_normal((8, 16)).astype(np.float32)
+
+        def rnd(m):  # the program rounds to tf32 (nearest), the tensor core keeps 10 bits
+            u = m.view(np.uint32).astype(np.uint64)
+            return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    else:
+        A = rng.standard_normal((16, 16)).astype(np.float32)
+        B = rng.standard_normal((16, 16)).astype(np.float32)
+        t = np.float16 if kind == "f16" else ml_dtypes.bfloat16
+
+        def rnd(m):
+            return m.astype(t).astype(np.float32)
+    C = rng.standard_normal((16, 16)).astype(np.float32)
+    D = selftest.run_mma(emu, kind, A, B, C)
+    want = rnd(A).astype(np.float64) @ rnd(B).astype(np.float64) + C
+    np.testing.assert_allclose(D, want, rtol=1e-5, atol=1e-4)
+
+
+def test_out_of_bounds_access_is_an_error(emu):
+    # gk_selftest_warp reads x[i] for i < n: claiming n larger than the buffer must fault
+    # (guard page) and come back as a CudaKernelError naming the buffer, not crash.
+    x = emu.device_array(np.ones(2048, np.float32), label="x")
+    out = emu.empty((4096 * 2, 8), np.float32, label="out")
+    fn = emu.function("selftest.cu", "gk_selftest_warp")
+    with pytest.raises(CudaKernelError, match="buffer 'x'|memory fault"):
+        emu.launch(fn, (128,), (64,), (x, out, np.int32(8192)), 0, what="oob test")
+
+
+def test_argument_types_are_checked(emu):
+    x = emu.device_array(np.ones(64, np.float32))
+    out = emu.empty((64, 8), np.float32)
+    fn = emu.function("selftest.cu", "gk_selftest_warp")
+    with pytest.raises(CudaKernelError, match="int64"):
+        emu.launch(fn, (1,), (64,), (x, out, np.int64(64)), 0)
+    with pytest.raises(CudaKernelError, match="NumPy scalars"):
+        emu.launch(fn, (1,), (64,), (x, out, 64), 0)
+    with pytest.raises(CudaKernelError, match="block"):
+        emu.launch(fn, (1,), (2048,), (x, out, np.int32(64)), 0)

@@ -1,0 +1,311 @@
+"""Pooling kernels against naive float64 loops."""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gpukernels.errors import KernelInputError, KernelTypeError
+from gpukernels.kernels.base import KernelContext
+from gpukernels.kernels.nn.pool import (AveragePool, GlobalAveragePool, GlobalLpPool, GlobalMaxPool, LpPool,
+                                        MaxPool, MaxRoiPool, MaxUnpool)
+
+
+def out_size(size, k, s, d, pb, pe, ceil_mode):
+    ek = (k - 1) * d + 1
+    span = size + pb + pe - ek
+    o = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (o - 1) * s >= size + pb:
+        o -= 1
+    return o
+
+
+def same_pads(sizes, K, strides, dilations, mode):
+    n = len(sizes)
+    pads = [0] * (2 * n)
+    for i in range(n):
+        out = -(-sizes[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + (K[i] - 1) * dilations[i] + 1 - sizes[i])
+        small = total // 2
+        pads[i], pads[i + n] = (small, total - small) if mode == "SAME_UPPER" else (total - small, small)
+    return pads
+
+
+def ref_pool(x, kind, K, strides=None, pads=None, dilations=None, ceil_mode=0, include_pad=0, p=2,
+             out=None, storage_order=0):
+    """Returns y (and flat argmax indices for 'max')."""
+    x = np.asarray(x, np.float64)
+    N, C = x.shape[:2]
+    S = x.shape[2:]
+    n = len(S)
+    strides = strides or [1] * n
+    dilations = dilations or [1] * n
+    pads = pads or [0] * (2 * n)
+    if out is None:
+        out = [out_size(S[i], K[i], strides[i], dilations[i], pads[i], pads[i + n], ceil_mode) for i in range(n)]
+    y = np.zeros((N, C, *out))
+    idx = np.zeros((N, C, *out), np.int64)
+    for nn, c in itertools.product(range(N), range(C)):
+        for o in itertools.product(*[range(v) for v in out]):
+            vals, where, count = [], [], 0
+            for k in itertools.product(*[range(v) for v in K]):
+                pos = [o[i] * strides[i] - pads[i] + k[i] * dilations[i] for i in range(n)]
+                inside = all(0 <= pos[i] < S[i] for i in range(n))
+                in_padded = all(-pads[i] <= pos[i] < S[i] + pads[i + n] for i in range(n))
+                if inside:
+                    vals.append(x[(nn, c) + tuple(pos)])
+                    where.append(pos)
+                if (include_pad and in_padded) or inside:
+                    count += 1
+            if kind == "max":
+                j = int(np.argmax(vals))
+                y[(nn, c) + o] = vals[j]
+                pos = where[j]
+                if storage_order:
+                    flat = sum(pos[i] * int(np.prod(S[:i])) for i in range(n))
+                else:
+                    flat = sum(pos[i] * int(np.prod(S[i + 1:])) for i in range(n))
+                idx[(nn, c) + o] = (nn * C + c) * int(np.prod(S)) + flat
+            elif kind == "avg":
+                y[(nn, c) + o] = sum(vals) / count
+            else:
+                y[(nn, c) + o] = sum(abs(v) ** p for v in vals) ** (1.0 / p)
+    return y, idx
+
+
+POOL_CASES = [
+    ((2, 3, 9), dict(kernel_shape=[3], strides=[2])),
+    ((1, 2, 7, 8), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1])),
+    ((1, 2, 7, 8), dict(kernel_shape=[3, 3], strides=[2, 3], pads=[1, 1, 1, 1], ceil_mode=1)),
+    ((1, 2, 8, 8), dict(kernel_shape=[2, 3], dilations=[2, 2], strides=[1, 2], pads=[0, 1, 1, 0])),
+    ((1, 2, 6, 7), dict(kernel_shape=[3, 3], dilations=[2, 1], strides=[2, 2], ceil_mode=1)),
+    ((1, 2, 4, 5, 6), dict(kernel_shape=[2, 3, 2], strides=[1, 2, 2], pads=[1, 0, 1, 0, 1, 1])),
+    ((1, 1, 4, 4, 3, 3), dict(kernel_shape=[2, 2, 2, 2], strides=[2, 1, 1, 2])),
+]
+
+
+def _ref_attrs(attrs, shape):
+    n = len(shape) - 2
+    return dict(K=attrs["kernel_shape"], strides=attrs.get("strides"), pads=attrs.get("pads"),
+                dilations=attrs.get("dilations"), ceil_mode=attrs.get("ceil_mode", 0))
+
+
+@pytest.mark.parametrize("shape,attrs", POOL_CASES)
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool(device, rng, shape, attrs, include_pad):
+    x = rng.standard_normal(shape).astype(np.float32)
+    x0 = x.copy()
+    y = AveragePool(KernelContext(device))(x, count_include_pad=include_pad, **attrs).numpy()
+    want, _ = ref_pool(x, "avg", include_pad=include_pad, **_ref_attrs(attrs, shape))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(x, x0)
+
+
+@pytest.mark.parametrize("shape,attrs", POOL_CASES)
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_max_pool_with_indices(device, rng, shape, attrs, storage_order):
+    x = rng.standard_normal(shape).astype(np.float32)
+    k = MaxPool(KernelContext(device))
+    res = k(x, storage_order=storage_order, **attrs)
+    want, want_idx = ref_pool(x, "max", storage_order=storage_order, **_ref_attrs(attrs, shape))
+    np.testing.assert_array_equal(res.Y.numpy(), want.astype(np.float32))
+    np.testing.assert_array_equal(res.Indices.numpy(), want_idx)
+    both = k.with_indices(x, storage_order=storage_order, **attrs)
+    np.testing.assert_array_equal(both.Indices.numpy(), want_idx)
+
+
+def test_max_pool_indices_only_when_requested(rng):
+    k = MaxPool()
+    k.requested_outputs = (True, False)
+    res = k(rng.standard_normal((1, 1, 4, 4)).astype(np.float32), kernel_shape=[2, 2])
+    assert res.Indices is None and res.Y.shape == (1, 1, 3, 3)
+    assert k.with_indices(np.ones((1, 1, 2, 2), np.float32), kernel_shape=[2, 2]).Indices is not None
+
+
+def test_max_pool_opset1_returns_y(rng):
+    y = MaxPool(KernelContext("cpu", opset=1))(rng.standard_normal((1, 1, 4, 4)).astype(np.float32),
+                                                kernel_shape=[2, 2])
+    assert y.shape == (1, 1, 3, 3)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_max_pool_int8(device, rng, dtype):
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max + 1, size=(2, 2, 5, 5)).astype(dtype)
+    x[0, 0] = info.min  # a window of minimum values next to padding: padding must not win
+    res = MaxPool(KernelContext(device))(x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    want, want_idx = ref_pool(x, "max", [3, 3], [2, 2], [1, 1, 1, 1])
+    assert res.Y.numpy().dtype == dtype
+    np.testing.assert_array_equal(res.Y.numpy(), want.astype(dtype))
+    np.testing.assert_array_equal(res.Indices.numpy(), want_idx)
+    with pytest.raises(KernelTypeError):
+        MaxPool(KernelContext(device, opset=11))(x, kernel_shape=[3, 3])
+
+
+@pytest.mark.parametrize("shape,attrs", POOL_CASES[:4])
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_lp_pool(device, rng, shape, attrs, p):
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = LpPool(KernelContext(device))(x, p=p, **attrs).numpy()
+    want, _ = ref_pool(x, "lp", p=p, **_ref_attrs(attrs, shape))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+def test_pool_auto_pad(device, rng, mode, ceil_mode):
+    x = rng.standard_normal((1, 2, 7, 6)).astype(np.float32)
+    K, strides = [3, 2], [2, 3]
+    attrs = dict(kernel_shape=K, strides=strides, auto_pad=mode, ceil_mode=ceil_mode)
+    if mode == "VALID":
+        pads = [0, 0, 0, 0]
+        out = [(7 - 3) // 2 + 1, (6 - 2) // 3 + 1]
+    else:
+        pads = same_pads([7, 6], K, strides, [1, 1], mode)
+        out = [4, 2]
+    avg = AveragePool(KernelContext(device))(x, **attrs).numpy()
+    np.testing.assert_allclose(avg, ref_pool(x, "avg", K, strides, pads, out=out)[0], rtol=1e-5, atol=1e-6)
+    res = MaxPool(KernelContext(device))(x, **attrs)
+    want, idx = ref_pool(x, "max", K, strides, pads, out=out)
+    np.testing.assert_array_equal(res.Y.numpy(), want.astype(np.float32))
+    np.testing.assert_array_equal(res.Indices.numpy(), idx)
+    lp = LpPool(KernelContext(device))(x, **attrs).numpy()
+    np.testing.assert_allclose(lp, ref_pool(x, "lp", K, strides, pads, out=out)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float16, 2e-3), (ml_dtypes.bfloat16, 1e-2), (np.float64, 1e-12)])
+def test_pool_dtypes(device, rng, dtype, tol):
+    x = rng.standard_normal((1, 3, 6, 6)).astype(dtype)
+    xd = x.astype(np.float64)
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    for cls, kind in ((AveragePool, "avg"), (LpPool, "lp")):
+        y = cls(KernelContext(device))(x, **attrs).numpy()
+        assert y.dtype == np.dtype(dtype)
+        want, _ = ref_pool(xd, kind, [3, 3], [2, 2], [1, 1, 1, 1])
+        np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol)
+    y = MaxPool(KernelContext(device))(x, **attrs).Y.numpy()
+    np.testing.assert_array_equal(y.astype(np.float64), ref_pool(xd, "max", [3, 3], [2, 2], [1, 1, 1, 1])[0])
+
+
+def test_pool_errors(rng):
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    with pytest.raises(KernelInputError, match="kernel_shape"):
+        AveragePool()(x)
+    with pytest.raises(KernelInputError, match="larger than the padded input"):
+        MaxPool()(x, kernel_shape=[5, 5])
+    with pytest.raises(KernelInputError, match="pads"):
+        MaxPool()(x, kernel_shape=[2, 2], pads=[1, 1, 1])
+    with pytest.raises(KernelInputError, match="auto_pad") as info:
+        LpPool()(x, kernel_shape=[2, 2], auto_pad="same")
+    assert "LpPool" in str(info.value) and "float32[1, 2, 4, 4]" in str(info.value)
+    with pytest.raises(KernelInputError, match="rank"):
+        AveragePool()(x[0, 0], kernel_shape=[2])
+
+
+# ---------------------------------------------------------------- global pools
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 2, 4, 5), (2, 2, 3, 2, 4)])
+def test_global_pools(device, rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    xd = x.astype(np.float64)
+    axes = tuple(range(2, len(shape)))
+    ctx = KernelContext(device)
+    np.testing.assert_allclose(GlobalAveragePool(ctx)(x).numpy(), xd.mean(axes, keepdims=True), rtol=1e-5)
+    np.testing.assert_array_equal(GlobalMaxPool(ctx)(x).numpy(), x.max(axes, keepdims=True))
+    for p in (1, 2, 3):
+        want = (np.abs(xd) ** p).sum(axes, keepdims=True) ** (1 / p)
+        np.testing.assert_allclose(GlobalLpPool(ctx)(x, p=p).numpy(), want, rtol=1e-5)
+    # opset 1 GlobalLpPool takes a float p
+    np.testing.assert_allclose(GlobalLpPool(KernelContext(device, opset=1))(x, p=2.0).numpy(),
+                               np.sqrt((xd ** 2).sum(axes, keepdims=True)), rtol=1e-5)
+
+
+def test_global_pools_half(device, rng):
+    x = rng.standard_normal((2, 3, 4, 4)).astype(np.float16)
+    y = GlobalLpPool(KernelContext(device))(x).numpy()
+    assert y.dtype == np.float16
+    want = np.sqrt((x.astype(np.float64) ** 2).sum((2, 3), keepdims=True))
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2e-3)
+
+
+# ---------------------------------------------------------------- MaxUnpool
+
+
+def test_max_unpool_roundtrip(device, rng):
+    x = (np.abs(rng.standard_normal((2, 3, 6, 5))) + 0.1).astype(np.float32)  # > 0: zeros never win
+    pool = MaxPool(KernelContext(device)).with_indices(x, kernel_shape=[2, 2], strides=[2, 2])
+    k = MaxUnpool(KernelContext(device))
+    # without output_shape the output would be 6x4, too small for the 6x5 input's indices
+    with pytest.raises(KernelInputError, match="indices must lie"):
+        k(pool.Y, pool.Indices, kernel_shape=[2, 2], strides=[2, 2])
+    want = np.zeros(2 * 3 * 6 * 5, np.float32)
+    want[pool.Indices.numpy().reshape(-1)] = pool.Y.numpy().reshape(-1)
+    # with output_shape the original input layout is restored exactly
+    y2 = k(pool.Y, pool.Indices, np.array(x.shape), kernel_shape=[2, 2], strides=[2, 2]).numpy()
+    np.testing.assert_array_equal(y2.reshape(-1), want)
+    # unpooled then pooled again gives back the pooled values
+    again = MaxPool(KernelContext(device))(y2, kernel_shape=[2, 2], strides=[2, 2]).Y.numpy()
+    np.testing.assert_array_equal(again, pool.Y.numpy())
+
+
+def test_max_unpool_default_shape_and_errors(device):
+    x = np.array([[[[1, 2], [3, 4]]]], np.float32)
+    i = np.array([[[[5, 7], [13, 15]]]], np.int64)
+    k = MaxUnpool(KernelContext(device))
+    y = k(x, i, kernel_shape=[2, 2], strides=[2, 2]).numpy()
+    assert y.shape == (1, 1, 4, 4)
+    assert y.reshape(-1)[[5, 7, 13, 15]].tolist() == [1, 2, 3, 4] and y.sum() == 10
+    with pytest.raises(KernelInputError, match="indices must lie"):
+        k(x, i + 10, kernel_shape=[2, 2], strides=[2, 2])
+    with pytest.raises(KernelInputError, match="shape of X"):
+        k(x, i[..., :1], kernel_shape=[2, 2], strides=[2, 2])
+
+
+# ---------------------------------------------------------------- MaxRoiPool
+
+
+def ref_roi_pool(x, rois, pooled, scale):
+    N, C, H, W = x.shape
+    PH, PW = pooled
+    out = np.zeros((len(rois), C, PH, PW))
+
+    def rnd(v):
+        return int(np.sign(v) * np.floor(abs(v) + 0.5))
+
+    for r, (b, x1, y1, x2, y2) in enumerate(rois):
+        sw, sh, ew, eh = rnd(x1 * scale), rnd(y1 * scale), rnd(x2 * scale), rnd(y2 * scale)
+        rh, rw = max(eh - sh + 1, 1), max(ew - sw + 1, 1)
+        bh, bw = rh / PH, rw / PW
+        for ph in range(PH):
+            for pw in range(PW):
+                h0 = min(max(int(np.floor(ph * bh)) + sh, 0), H)
+                h1 = min(max(int(np.ceil((ph + 1) * bh)) + sh, 0), H)
+                w0 = min(max(int(np.floor(pw * bw)) + sw, 0), W)
+                w1 = min(max(int(np.ceil((pw + 1) * bw)) + sw, 0), W)
+                if h1 <= h0 or w1 <= w0:
+                    continue
+                out[r, :, ph, pw] = x[int(b), :, h0:h1, w0:w1].max(axis=(1, 2))
+    return out
+
+
+def test_max_roi_pool(device, rng):
+    x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
+    rois = np.array([[0, 1, 1, 8, 6], [1, 0, 0, 11, 9], [1, 5.4, 2.6, 7.5, 3.2], [0, -3, -2, 2, 20],
+                     [0, 11, 9, 30, 30]], np.float32)
+    for scale, pooled in ((1.0, [2, 3]), (0.5, [3, 3]), (2.0, [1, 4])):
+        y = MaxRoiPool(KernelContext(device))(x, rois, pooled_shape=pooled, spatial_scale=scale).numpy()
+        np.testing.assert_array_equal(y, ref_roi_pool(x, rois, pooled, scale).astype(np.float32))
+
+
+def test_max_roi_pool_errors(rng):
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    with pytest.raises(KernelInputError, match="pooled_shape"):
+        MaxRoiPool()(x, np.zeros((1, 5), np.float32))
+    with pytest.raises(KernelInputError, match="batch"):
+        MaxRoiPool()(x, np.array([[1, 0, 0, 1, 1]], np.float32), pooled_shape=[1, 1])
+    with pytest.raises(KernelInputError, match="rois"):
+        MaxRoiPool()(x, np.zeros((1, 4), np.float32), pooled_shape=[1, 1])

@@ -1,0 +1,187 @@
+"""String kernels and TfIdfVectorizer against plain-Python references."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from gpukernels.dtypes import DataType as D
+from gpukernels.errors import KernelInputError, KernelTypeError
+from gpukernels.kernels.base import KernelContext
+from gpukernels.kernels.text.strings import RegexFullMatch, StringConcat, StringNormalizer, StringSplit
+from gpukernels.kernels.text.tfidf import TfIdfVectorizer
+
+WORDS = ["", "a", "Ab", "hello world", "  x  y ", "ÄÖü", "ǅ", "straße", "--a--b-", "İstanbul"]
+
+
+def S(items, shape=None):
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr.reshape(shape if shape is not None else (len(items),))
+
+
+def test_string_concat_broadcast(device):
+    x = S(WORDS[:6], (2, 3))
+    y = S(["!", "é", ""], (3,))
+    z = StringConcat(KernelContext(device))(x, y)
+    assert z.data_type == D.STRING and z.shape == (2, 3)
+    for i, j in itertools.product(range(2), range(3)):
+        assert z.numpy()[i, j] == x[i, j] + y[j]
+    assert StringConcat(KernelContext(device))(S(["a"]).reshape(()), S(["b"]).reshape(())).numpy() == "ab"
+    assert StringConcat(KernelContext(device))(S([], (0,)), S(["b"])).shape == (0,)
+    with pytest.raises(KernelInputError, match="StringConcat.*broadcast"):
+        StringConcat(KernelContext(device))(S(["a", "b"]), S(["a", "b", "c"]))
+    with pytest.raises(KernelTypeError, match="StringConcat"):
+        StringConcat(KernelContext(device))(np.zeros(2, np.int64), S(["a", "b"]))
+
+
+@pytest.mark.parametrize("delimiter", [None, "", "-", " ", "ab"])
+@pytest.mark.parametrize("maxsplit", [None, 0, 1, 3])
+def test_string_split(device, delimiter, maxsplit):
+    x = S(WORDS + ["ab-ab", "x ab y"], (3, 4))
+    y, z = StringSplit(KernelContext(device))(x, delimiter=delimiter, maxsplit=maxsplit)
+    sep = delimiter if delimiter else None
+    parts = [[s.split(sep, -1 if maxsplit is None else maxsplit)] for s in x.ravel()]
+    parts = [p[0] for p in parts]
+    width = max(len(p) for p in parts)
+    assert y.shape == (3, 4, width) and z.dtype == np.int64
+    for k, p in enumerate(parts):
+        i, j = divmod(k, 4)
+        assert z.numpy()[i, j] == len(p)
+        assert list(y.numpy()[i, j]) == p + [""] * (width - len(p))
+
+
+def test_string_split_edge(device):
+    y, z = StringSplit(KernelContext(device))(S([], (0,)))
+    assert y.shape == (0, 0) and z.shape == (0,)
+    y, z = StringSplit(KernelContext(device))(S(["a b"]).reshape(()))
+    assert y.shape == (2,) and int(z.numpy()) == 2
+    with pytest.raises(KernelInputError, match="StringSplit.*maxsplit"):
+        StringSplit(KernelContext(device))(S(["a"]), maxsplit=-1)
+
+
+@pytest.mark.parametrize("action", ["NONE", "LOWER", "UPPER"])
+@pytest.mark.parametrize("sensitive", [0, 1])
+@pytest.mark.parametrize("two_d", [False, True])
+def test_string_normalizer(device, action, sensitive, two_d):
+    words = ["Monday", "tuesday", "MONDAY", "straße", "ǅ", "x", "İstanbul"]
+    stop = ["monday", "ISTANBUL", "x"]
+    x = S(words, (1, len(words)) if two_d else None)
+    y = StringNormalizer(KernelContext(device))(x, case_change_action=action, is_case_sensitive=sensitive,
+                                                stopwords=stop)
+    if sensitive:
+        kept = [w for w in words if w not in stop]
+    else:
+        kept = [w for w in words if w.lower() not in {s.lower() for s in stop}]
+    kept = [w.lower() if action == "LOWER" else w.upper() if action == "UPPER" else w for w in kept]
+    assert y.shape == ((1, len(kept)) if two_d else (len(kept),))
+    assert list(y.numpy().ravel()) == kept
+
+
+def test_string_normalizer_all_removed_and_errors(device):
+    k = StringNormalizer(KernelContext(device))
+    assert list(k(S(["a", "A"]), stopwords=["a"]).numpy()) == [""]
+    assert k(S(["a"], (1, 1)), stopwords=["a"]).shape == (1, 1)
+    with pytest.raises(KernelInputError, match="StringNormalizer.*case_change_action"):
+        k(S(["a"]), case_change_action="TITLE")
+    with pytest.raises(KernelInputError, match=r"\[1, C\]"):
+        k(S(["a", "b", "c", "d"], (2, 2)))
+
+
+@pytest.mark.parametrize("pattern", [r"www\.[\w.-]+\.\bcom\b", r"a+b*", r"(\W|^)[\w.\-]{0,25}@(yahoo|gmail)\.com(\W|$)",
+                                     r"[0-9]{2,3}", r".*", r"(?P<x>ab)+"])
+def test_regex_full_match(device, pattern):
+    import re
+    x = S(["www.google.com", "aab", "b", "12", "1234", "", "abab", "me@gmail.com", "Ä"], (3, 3))
+    y = RegexFullMatch(KernelContext(device))(x, pattern=pattern)
+    assert y.dtype == np.bool_ and y.shape == (3, 3)
+    exp = [re.fullmatch(pattern, s) is not None for s in x.ravel()]
+    assert list(y.numpy().ravel()) == exp
+
+
+def test_regex_errors(device):
+    k = RegexFullMatch(KernelContext(device))
+    with pytest.raises(KernelInputError, match="RegexFullMatch.*invalid pattern"):
+        k(S(["a"]), pattern="(")
+    with pytest.raises(KernelInputError, match="RE2-only"):
+        k(S(["a"]), pattern=r"\pL+")
+    with pytest.raises(KernelInputError, match="pattern"):
+        k(S(["a"]))
+    assert k(S([], (0, 2)), pattern="a").shape == (0, 2)
+
+
+def ref_tfidf(rows, pool_groups, indexes, lo, hi, skip, mode, weights):
+    """pool_groups: list over n of list of n-tuples; brute force counting."""
+    ngrams = [g for group in pool_groups for g in group]
+    total = len(ngrams)
+    w = weights if weights is not None else [1.0] * total
+    width = max(indexes) + 1
+    out = np.zeros((len(rows), width), np.float32)
+    for r, row in enumerate(rows):
+        counts = [0] * total
+        for gi, g in enumerate(ngrams):
+            n = len(g)
+            if not lo <= n <= hi:
+                continue
+            for sk in range(skip + 1 if n > 1 else 1):
+                for i in range(len(row)):
+                    pos = [i + j * (sk + 1) for j in range(n)]
+                    if pos[-1] < len(row) and tuple(row[p] for p in pos) == g:
+                        counts[gi] += 1
+        for gi in range(total):
+            v = counts[gi] if mode == "TF" else (min(counts[gi], 1) * w[gi] if mode == "IDF" else counts[gi] * w[gi])
+            out[r, indexes[gi]] = v
+    return out
+
+
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+@pytest.mark.parametrize("lo,hi", [(1, 1), (1, 2), (2, 3), (1, 3)])
+@pytest.mark.parametrize("skip", [0, 1, 3])
+@pytest.mark.parametrize("kind", ["int32", "int64", "string"])
+def test_tfidf(device, rng, mode, lo, hi, skip, kind):
+    vocab = [2, 3, 5, 7, 11]
+    rows = rng.choice(vocab + [99], size=(3, 12))
+    pool_groups = [[(2,), (5,), (7,), (11,)], [(2, 3), (5, 2), (7, 7), (3, 5)], [(2, 3, 5), (7, 5, 2)]]
+    flat = [t for group in pool_groups for g in group for t in g]
+    counts = [0, 4, 4 + 8]
+    total = sum(len(g) for g in pool_groups)
+    indexes = list(rng.permutation(total + 2)[:total])
+    weights = list(rng.uniform(0.5, 2, total)) if mode != "TF" else None
+    kw = dict(mode=mode, min_gram_length=lo, max_gram_length=hi, max_skip_count=skip, ngram_counts=counts,
+              ngram_indexes=indexes, weights=weights)
+    if kind == "string":
+        x = S([f"w{v}" for v in rows.ravel()], rows.shape)
+        kw["pool_strings"] = [f"w{v}" for v in flat]
+        ref_rows = [[f"w{v}" for v in r] for r in rows]
+        groups = [[tuple(f"w{v}" for v in g) for g in group] for group in pool_groups]
+    else:
+        x = rows.astype(kind)
+        kw["pool_int64s"] = flat
+        ref_rows = [list(r) for r in rows]
+        groups = pool_groups
+    y = TfIdfVectorizer(KernelContext(device))(x, **kw)
+    exp = ref_tfidf(ref_rows, groups, indexes, lo, hi, skip, mode, weights)
+    np.testing.assert_allclose(y.numpy(), exp, rtol=1e-6)
+    y1 = TfIdfVectorizer(KernelContext(device))(x[0], **kw)
+    np.testing.assert_allclose(y1.numpy(), exp[0], rtol=1e-6)
+
+
+def test_tfidf_errors(device):
+    k = TfIdfVectorizer(KernelContext(device))
+    base = dict(mode="TF", min_gram_length=1, max_gram_length=1, max_skip_count=0, ngram_counts=[0],
+                ngram_indexes=[0, 1], pool_int64s=[1, 2])
+    assert k(np.zeros((2, 0), np.int64), **base).shape == (2, 2)
+    with pytest.raises(KernelInputError, match="TfIdfVectorizer.*mode"):
+        k(np.array([1, 2]), **{**base, "mode": "BM25"})
+    with pytest.raises(KernelInputError, match="ngram_indexes"):
+        k(np.array([1, 2]), **{**base, "ngram_indexes": [0]})
+    with pytest.raises(KernelInputError, match="exactly one"):
+        k(np.array([1, 2]), **{**base, "pool_strings": ["a", "b"]})
+    with pytest.raises(KernelTypeError, match="string pool"):
+        k(S(["a"]), **base)
+    with pytest.raises(KernelInputError, match="min_gram_length"):
+        k(np.array([1, 2]), **{**base, "min_gram_length": 2})
+    with pytest.raises(KernelTypeError):
+        k(np.array([1.0, 2.0]), **base)

@@ -1,0 +1,369 @@
+"""Run gpukernels' CUDA sources on the CPU: build with g++ against cuda_emu.h, load with
+ctypes, launch kernels with numpy buffers.
+
+    from emulator import EmuBackend
+    be = EmuBackend()
+    fn = be.function("rotary_embedding.cu", "gk_rotary<float, 4, false>")
+    be.launch(fn, grid, block, args, shared_mem)          # the CupyBackend interface
+
+``EmuBackend`` offers the interface of ``gpukernels.gpu.launch.CupyBackend`` (xp=numpy,
+function, empty, device_array, pointer, launch, sm_count, max_shared_optin, ...), so an
+operator's launch code runs unchanged.  Buffers from ``empty``/``device_array`` sit just
+below a PROT_NONE guard page (and above another one): an out-of-bounds access faults and is
+reported as a CudaKernelError naming the buffer; writes into the <256-byte slack after the
+end are caught by a canary check after the launch.
+
+Builds are cached under tools/cuda_emu/build/<hash>/ (hash of the sources, this header,
+the instantiations and the compiler flags).  One build per (source, set of instantiations):
+``function`` builds every instantiation the source declares (its CudaSource) at once, so a
+test session compiles each source once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import mmap
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import weakref
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from gpukernels.errors import CudaKernelError  # noqa: E402
+from gpukernels.gpu import launch as gl  # noqa: E402
+
+BUILD_DIR = Path(os.environ.get("GK_EMU_BUILD_DIR", HERE / "build"))
+CXX = os.environ.get("CXX", "g++")
+CXXFLAGS = ["-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-pthread", "-U_FORTIFY_SOURCE",
+            "-fno-strict-aliasing", "-fno-stack-protector", "-w"]
+PAGE = mmap.PAGESIZE
+
+# extern __shared__ [__align__(n)] T name[];  ->  T* name = (T*)::gk_emu::dynamic_shared();
+_EXTERN_SHARED = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s+)?([A-Za-z_][\w:<>, ]*?)\s+"
+    r"(?:__align__\s*\(\s*\d+\s*\)\s+)?([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+
+
+def rewrite_source(text: str) -> str:
+    """The source as g++ compiles it: dynamic shared memory declarations rewritten."""
+    return _EXTERN_SHARED.sub(
+        lambda m: f"{m.group(1)}* {m.group(2)} = reinterpret_cast<{m.group(1)}*>(::gk_emu::dynamic_shared());",
+        text)
+
+
+# ------------------------------------------------------------------ coverage
+# (source, expr) -> launches; and free-form tags the tests add (op, attribute combination)
+LAUNCHES: Counter = Counter()
+TAGS: Counter = Counter()
+
+
+def tag(*labels: str) -> None:
+    """Record that a test exercised a case (shown in the pytest summary)."""
+    TAGS[" / ".join(labels)] += 1
+
+
+# ------------------------------------------------------------------ building
+
+
+def _compiler_id() -> str:
+    try:
+        return subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout.split("\n")[0]
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise CudaKernelError(f"the emulator needs a C++ compiler ({CXX}): {exc}") from exc
+
+
+def _launcher(source: str, exprs: list[str]) -> str:
+    lines = ['#include "cuda_emu.h"', f'#include "{source}"', "", "namespace {"]
+    for i, e in enumerate(exprs):
+        lines.append(f"gk_emu::LaunchResult L{i}(dim3 g, dim3 b, size_t s, void** a, int n) "
+                     f"{{ return gk_emu::launch_kernel(&{e}, g, b, s, a, n); }}")
+        lines.append(f"std::string S{i}() {{ return gk_emu::signature(&{e}); }}")
+    lines.append("struct Entry { const char* name; gk_emu::LaunchResult (*launch)(dim3, dim3, size_t, void**, int);"
+                 " std::string (*sig)(); };")
+    lines.append("const Entry entries[] = {")
+    for i, e in enumerate(exprs):
+        lines.append(f"  {{{e!r}, L{i}, S{i}}},".replace("'", '"'))
+    lines.append("};")
+    lines.append("thread_local std::string sig_buf;")
+    lines.append("}  // namespace")
+    lines.append(f"""
+extern "C" int gk_emu_count() {{ return {len(exprs)}; }}
+extern "C" const char* gk_emu_name(int i) {{ return entries[i].name; }}
+extern "C" const char* gk_emu_signature(int i) {{ sig_buf = entries[i].sig(); return sig_buf.c_str(); }}
+extern "C" void gk_emu_set_stack_size(size_t n) {{ gk_emu::g_stack_size = n; }}
+extern "C" int gk_emu_launch(int i, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                             size_t smem, void** args, int nworkers, char* err, size_t errlen, void** fault) {{
+  gk_emu::LaunchResult r = entries[i].launch(dim3(gx, gy, gz), dim3(bx, by, bz), smem, args, nworkers);
+  if (r.status) {{ std::snprintf(err, errlen, "%s", r.message.c_str()); *fault = r.fault_addr; }}
+  return r.status;
+}}
+""")
+    return "\n".join(lines)
+
+
+_build_lock = threading.Lock()
+
+
+class EmuLibrary:
+    """A built shared library holding some instantiations of one source."""
+
+    def __init__(self, path: Path, source: str):
+        self.path = path
+        self.source = source
+        self.lib = ctypes.CDLL(str(path))
+        lib = self.lib
+        lib.gk_emu_count.restype = ctypes.c_int
+        lib.gk_emu_name.restype = ctypes.c_char_p
+        lib.gk_emu_name.argtypes = [ctypes.c_int]
+        lib.gk_emu_signature.restype = ctypes.c_char_p
+        lib.gk_emu_signature.argtypes = [ctypes.c_int]
+        lib.gk_emu_set_stack_size.argtypes = [ctypes.c_size_t]
+        lib.gk_emu_launch.restype = ctypes.c_int
+        lib.gk_emu_launch.argtypes = [ctypes.c_int] + [ctypes.c_uint] * 6 + [
+            ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_void_p)]
+        self.index = {}
+        for i in range(lib.gk_emu_count()):
+            name = lib.gk_emu_name(i).decode()
+            sig = lib.gk_emu_signature(i).decode().rstrip(",")
+            self.index[name] = (i, sig.split(",") if sig else [])
+
+
+def build(source: str, exprs: list[str], defines: tuple[str, ...] = ()) -> EmuLibrary:
+    """Compile source's instantiations exprs into a shared library (cached)."""
+    src_root = gl.source_dir()
+    header = (HERE / "cuda_emu.h").read_text()
+    launcher = _launcher(source, exprs)
+    h = hashlib.sha256()
+    for part in (header, launcher, " ".join(CXXFLAGS), " ".join(defines), _compiler_id(), gl.sources_digest()):
+        h.update(part.encode())
+        h.update(b"\0")
+    key = h.hexdigest()[:20]
+    out_dir = BUILD_DIR / key
+    lib_path = out_dir / "kernels.so"
+    with _build_lock:
+        if not lib_path.is_file():
+            stage = BUILD_DIR / f"{key}.tmp{os.getpid()}"
+            if stage.exists():
+                shutil.rmtree(stage)
+            (stage / "src").mkdir(parents=True)
+            for path in src_root.rglob("*"):
+                if path.is_file() and path.suffix in (".cu", ".cuh", ".h"):
+                    dst = stage / "src" / path.relative_to(src_root)
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    dst.write_text(rewrite_source(path.read_text()))
+            (stage / "launcher.cpp").write_text(launcher)
+            cmd = [CXX, *CXXFLAGS, *[f"-D{d}" for d in defines], f"-I{HERE}", f"-I{stage / 'src'}",
+                   str(stage / "launcher.cpp"), "-o", str(stage / "kernels.so")]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                log = proc.stderr[-6000:]
+                raise CudaKernelError(f"emulator build of {source} failed:\n{' '.join(cmd)}\n{log}")
+            if out_dir.exists():
+                shutil.rmtree(out_dir, ignore_errors=True)
+            try:
+                stage.rename(out_dir)
+            except OSError:  # another process won the race
+                shutil.rmtree(stage, ignore_errors=True)
+    return EmuLibrary(lib_path, source)
+
+
+# ------------------------------------------------------------------ guarded buffers
+
+_buffers: dict = {}  # data start address -> _Guarded, while the mapping lives
+_libc = ctypes.CDLL(None)
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+class _Guarded:
+    """Where one guarded buffer lies: guard page, data (ending <256 bytes below the next
+    page), guard page.  Holds no reference to the mapping (the arrays do)."""
+
+    def __init__(self, start: int, nbytes: int, slack: int, label: str):
+        self.start, self.nbytes, self.slack, self.label = start, nbytes, slack, label
+
+    def canary_ok(self) -> bool:
+        return ctypes.string_at(self.start + self.nbytes, self.slack) == b"\xa5" * self.slack
+
+
+def guarded_empty(shape, dtype, label: str = "buffer") -> np.ndarray:
+    """An uninitialised-looking (poisoned) C-contiguous array between guard pages."""
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    nbytes = n * dtype.itemsize
+    body = max(PAGE, -(-(nbytes + 256) // PAGE) * PAGE)
+    mapping = mmap.mmap(-1, body + 2 * PAGE)
+    holder = ctypes.c_char.from_buffer(mapping)
+    base = ctypes.addressof(holder)
+    del holder
+    _libc.mprotect(base, PAGE, 0)
+    _libc.mprotect(base + PAGE + body, PAGE, 0)
+    end = base + PAGE + body
+    start = (end - nbytes) // 256 * 256
+    slack = end - (start + nbytes)
+    ctypes.memset(start + nbytes, 0xA5, slack)
+    # poison the data: NaN for floats, 0xA5.. for integers
+    ctypes.memset(start, 0xFF if dtype.kind in "fcV" or "float" in dtype.name else 0xA5, nbytes)
+    _buffers[start] = _Guarded(start, nbytes, slack, label)
+    weakref.finalize(mapping, _buffers.pop, start, None)
+    arr = np.frombuffer(mapping, dtype=np.uint8, count=nbytes, offset=start - base)
+    return arr.view(dtype).reshape(shape)
+
+
+def _guard_of(array: np.ndarray):
+    addr = array.ctypes.data
+    for start, g in list(_buffers.items()):
+        if start <= addr < start + max(g.nbytes, 1):
+            return g
+    return None
+
+
+def _describe_fault(addr: int | None) -> str:
+    if not addr:
+        return ""
+    for start, g in list(_buffers.items()):
+        lo, hi = start - PAGE - 256, start + g.nbytes + g.slack + PAGE
+        if lo <= addr < hi:
+            off = addr - start
+            return f" ({'before' if off < 0 else 'past the end of'} buffer {g.label!r} of {g.nbytes} bytes, " \
+                   f"offset {off})"
+    return ""
+
+
+# ------------------------------------------------------------------ kernels and backend
+
+_SCALAR_CODES = {np.dtype(np.int32): "i4", np.dtype(np.int64): "i8", np.dtype(np.uint32): "u4",
+                 np.dtype(np.uint64): "u8", np.dtype(np.float32): "f4", np.dtype(np.float64): "f8",
+                 np.dtype(np.int16): "i2", np.dtype(np.uint16): "u2", np.dtype(np.int8): "i1",
+                 np.dtype(np.uint8): "u1", np.dtype(np.bool_): "b1"}
+
+
+class EmuKernel:
+    def __init__(self, lib: EmuLibrary, expr: str, source: str):
+        if expr not in lib.index:
+            raise CudaKernelError(f"{expr} is not among the instantiations built from {source}")
+        self.lib = lib
+        self.expr = expr
+        self.source = source
+        self.index, self.signature = lib.index[expr]
+
+    def __repr__(self):
+        return f"EmuKernel({self.expr})"
+
+
+class EmuBackend:
+    """The CupyBackend interface on the CPU emulator (see module doc)."""
+
+    name = "emulator"
+
+    def __init__(self, sm_count: int = 4, max_shared_optin: int = 227 * 1024, compute_capability: int = 90,
+                 allow_tf32: bool = False, workers: int | None = None, check_canaries: bool = True):
+        self.xp = np
+        self.sm_count = sm_count
+        self.max_shared_optin = max_shared_optin
+        self.compute_capability = compute_capability
+        self.allow_tf32 = allow_tf32
+        self.sync = True
+        self.workers = workers if workers is not None else int(os.environ.get("GK_EMU_WORKERS", "1"))
+        self.check_canaries = check_canaries
+        self.records: list = []
+
+    # ---- compile
+    _libs: dict = {}
+
+    def function(self, source: str, expr: str, options=()):
+        exprs = None
+        for cs in gl.all_sources():
+            if cs.filename == source:
+                exprs = cs.expressions()
+        if exprs is None or expr not in exprs:
+            exprs = sorted(set(exprs or []) | {expr})
+        key = (source, tuple(exprs), tuple(options))
+        lib = EmuBackend._libs.get(key)
+        if lib is None:
+            lib = build(source, list(exprs), defines=tuple(o[2:] for o in options if o.startswith("-D")))
+            EmuBackend._libs[key] = lib
+        return EmuKernel(lib, expr, source)
+
+    # ---- memory
+    @staticmethod
+    def dtype_for(data_type):
+        """The host dtype of an ONNX element type (ml_dtypes for bfloat16): same bytes as on a GPU."""
+        from gpukernels import dtypes
+
+        return dtypes.info(data_type).numpy
+
+    def empty(self, shape, dtype, label: str = "output"):
+        return guarded_empty(shape, dtype, label)
+
+    def device_array(self, array, label: str = "input"):
+        array = np.asarray(array)
+        if _guard_of(array) is not None and array.flags.c_contiguous:
+            return array
+        out = guarded_empty(array.shape, array.dtype, label)
+        out[...] = array
+        return out
+
+    @staticmethod
+    def pointer(array) -> int:
+        return int(array.ctypes.data)
+
+    # ---- launch
+    def launch(self, fn: EmuKernel, grid, block, args, shared_mem: int = 0, what: str = "kernel") -> None:
+        grid, block = gl.check_launch(self, grid, block, shared_mem, what)
+        sig = fn.signature
+        if len(args) != len(sig):
+            raise CudaKernelError(f"{what}: {fn.expr} takes {len(sig)} parameters, got {len(args)}")
+        keep, ptrs, guards = [], [], []
+        for i, (a, code) in enumerate(zip(args, sig)):
+            if isinstance(a, np.ndarray) and a.ndim >= 0 and code == "p8":
+                if not a.flags.c_contiguous:
+                    raise CudaKernelError(f"{what}: argument {i} of {fn.expr} is not C-contiguous")
+                g = _guard_of(a)
+                if g is None and a.size:
+                    raise CudaKernelError(f"{what}: argument {i} of {fn.expr} is not an emulator buffer "
+                                          "(use backend.empty / backend.device_array)")
+                if g is not None:
+                    guards.append(g)
+                cell = ctypes.c_void_p(a.ctypes.data)
+            elif code == "p8" and a is None:
+                cell = ctypes.c_void_p(0)
+            elif isinstance(a, np.generic):
+                want = _SCALAR_CODES.get(a.dtype)
+                if want != code:
+                    raise CudaKernelError(f"{what}: argument {i} of {fn.expr} is {a.dtype} ({want}) but the "
+                                          f"kernel parameter is {code}")
+                cell = ctypes.create_string_buffer(a.tobytes(), max(8, a.nbytes))
+            else:
+                raise CudaKernelError(f"{what}: argument {i} of {fn.expr} is {type(a).__name__}; pass arrays "
+                                      f"and NumPy scalars (parameter {code})")
+            keep.append(cell)
+            ptrs.append(ctypes.addressof(cell))
+        argv = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+        err = ctypes.create_string_buffer(1024)
+        fault = ctypes.c_void_p(0)
+        status = fn.lib.lib.gk_emu_launch(fn.index, *grid, *block, int(shared_mem), argv, self.workers, err,
+                                          len(err), ctypes.byref(fault))
+        LAUNCHES[(fn.source, fn.expr)] += 1
+        if status:
+            msg = err.value.decode(errors="replace")
+            raise CudaKernelError(f"{what}: {fn.expr} failed in the emulator (grid {grid}, block {block}, "
+                                  f"{shared_mem} B shared): {msg}{_describe_fault(fault.value)}")
+        if self.check_canaries:
+            for g in guards:
+                if not g.canary_ok():
+                    raise CudaKernelError(f"{what}: {fn.expr} wrote past the end of buffer {g.label!r} "
+                                          f"({g.nbytes} bytes)")
