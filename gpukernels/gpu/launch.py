@@ -226,6 +226,9 @@ class CupyBackend:
         self.device = device
         self.allow_tf32 = bool(allow_tf32)
         self.sync = bool(sync)
+        # GPUKERNELS_CUDA_POISON=1: outputs start as 0xFF bytes (NaN), so a kernel that
+        # leaves an element unwritten cannot pass a parity check by luck
+        self.poison = os.environ.get("GPUKERNELS_CUDA_POISON") == "1"
         with cupy.cuda.Device(device.index) as dev:
             attrs = dev.attributes
             self.sm_count = int(attrs.get("MultiProcessorCount", 1))
@@ -266,7 +269,10 @@ class CupyBackend:
 
     def empty(self, shape, dtype):
         with self.xp.cuda.Device(self.device.index):
-            return self.xp.empty(tuple(int(s) for s in shape), dtype=dtype)
+            out = self.xp.empty(tuple(int(s) for s in shape), dtype=dtype)
+            if self.poison and out.size:
+                out.view(self.xp.uint8).fill(0xFF)
+            return out
 
     def device_array(self, array):
         """array as a C-contiguous array on this device (no copy when it already is)."""

@@ -272,7 +272,7 @@ class RoiAlign(KernelBase):
         elif mode == "avg":
             out = acc / count[:, None, None, None]
         else:
-            out = xp.where(xp.isneginf(acc), 0, acc)
+            out = xp.where(acc == -np.inf, 0, acc)
         out = xp.ascontiguousarray(xp.transpose(out, (0, 3, 1, 2))).astype(dt, copy=False)
         return self.from_compute(out, xt.data_type)
 

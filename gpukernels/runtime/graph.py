@@ -210,6 +210,8 @@ class PreparedGraph:
                 return p
             raise
         p.since_version = version
+        # kernels like Gradient read values of the enclosing graph by name
+        p.needs_scope = p.needs_scope or bool(getattr(cls, "needs_outer_scope", False))
         schema = _schema(p.op_type, p.domain, opset if opset is not None else version)
         p.attrs = self._bind(node, schema, p)
         p.kernel = cls(self.ctx, version)

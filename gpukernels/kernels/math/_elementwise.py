@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dtypes import DataType
+from ...tensor import Tensor
 from ..base import KernelBase
 
 
@@ -32,16 +33,36 @@ class BinaryKernel(KernelBase):
 
     output_type: DataType | None = None
 
-    def __call__(self, A, B, **attrs):
+    def __call__(self, A, B, broadcast=None, axis=None, consumed_inputs=None, **attrs):
         a = self.tensor(A, "A")
         b = self.tensor(B, "B")
         self.check_inputs(a, b)
+        if broadcast is not None or axis is not None:
+            b = self._legacy_broadcast(a, b, broadcast or 0, axis)
         self.check_broadcast(a, b)
         # STRING tensors stay on the host even in a cuda context
         xp = np if a.data_type == DataType.STRING else self.xp
         y = self.compute(xp, self.to_compute(a), self.to_compute(b), **attrs)
         out_type = self.output_type if self.output_type is not None else a.data_type
         return self.from_compute(y, out_type)
+
+    def _legacy_broadcast(self, a, b, broadcast: int, axis):
+        """Opset 1-6 arithmetic: without broadcast=1 the shapes must match; with it, B
+        broadcasts to A with its dimensions matching A's from ``axis`` on (default: the
+        trailing dimensions)."""
+        if not broadcast:
+            if a.shape != b.shape:
+                raise self.error("shapes differ and the opset-{} attribute broadcast is 0".format(
+                    self.since_version), A=a, B=b)
+            return b
+        if b.ndim > a.ndim:
+            raise self.error("B has more dimensions than A", A=a, B=b)
+        start = a.ndim - b.ndim if axis is None else (axis % a.ndim if a.ndim else 0)
+        if start + b.ndim > a.ndim or any(
+                db not in (1, da) for db, da in zip(b.shape, a.shape[start:start + b.ndim])):
+            raise self.error(f"B does not broadcast to A at axis {start}", A=a, B=b)
+        shape = b.shape + (1,) * (a.ndim - start - b.ndim)
+        return Tensor.wrap(b.array.reshape(shape), b.data_type)
 
     def check_broadcast(self, a, b) -> None:
         sa, sb = a.shape, b.shape

@@ -26,8 +26,7 @@ from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
 from ..base import KernelBase, register
-from ._common import (INTEGER_RANGES, check_output_type, expand, granularity, quantize_values,
-                      round_through)
+from ._common import check_output_type, expand, granularity, quantize_values, round_through
 
 D = DataType
 _HALF = (D.FLOAT16, D.BFLOAT16)
@@ -142,4 +141,4 @@ class DynamicQuantizeLinear(KernelBase):
                            self.result(zp.reshape(()).astype(np.uint8), D.UINT8))
 
 
-__all__ = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "INTEGER_RANGES"]
+__all__ = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"]

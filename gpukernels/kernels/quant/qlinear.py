@@ -21,12 +21,8 @@ import itertools
 
 import numpy as np
 
-from ...dtypes import DataType
 from ..base import KernelBase, register
-from ._common import FLOAT8_TYPES, INTEGER_RANGES, quantize_values
-
-D = DataType
-
+from ._common import FLOAT8_TYPES, quantize_values
 
 def _per_tensor(t) -> bool:
     return t.size == 1 and t.ndim <= 1
@@ -245,4 +241,4 @@ class QLinearConv(KernelBase):
         return y
 
 
-__all__ = ["QLinearMatMul", "QLinearConv", "INTEGER_RANGES"]
+__all__ = ["QLinearMatMul", "QLinearConv"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...dtypes import DataType
 from ..base import KernelBase, register
 
 
@@ -144,4 +143,4 @@ class STFT(KernelBase):
         return self.from_compute(out, s.data_type)
 
 
-__all__ = ["DFT", "STFT", "DataType"]
+__all__ = ["DFT", "STFT"]

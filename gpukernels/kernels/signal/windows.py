@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...dtypes import DataType
 from ..base import KernelBase, register
 from ..quant._common import check_output_type
 
@@ -104,4 +103,4 @@ class MelWeightMatrix(KernelBase):
         return self.from_compute(self.xp.asarray(w), out)
 
 
-__all__ = ["HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix", "DataType"]
+__all__ = ["HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix"]

@@ -39,7 +39,11 @@ class _Optimizer(KernelBase):
         for i in range(n):
             x = grouped[0][i]
             for name, g in zip(self.names[1:], [grp[i] for grp in grouped[1:]]):
-                if np.broadcast_shapes(x.shape, g.shape) != x.shape:
+                try:
+                    ok = np.broadcast_shapes(x.shape, g.shape) == x.shape
+                except ValueError:
+                    ok = False
+                if not ok:
                     raise self.error(f"{name}_{i} {list(g.shape)} does not broadcast to X_{i} {list(x.shape)}",
                                      **{f"X_{i}": x, f"{name}_{i}": g})
         rv = float(np.asarray(r.numpy()).reshape(-1)[0])

@@ -177,3 +177,16 @@ def test_inputs_are_not_modified(device, rng):
         kernel_class(op)(KernelContext(device))(a, a)
     kernel_class("Softmax")(KernelContext(device))(a)
     np.testing.assert_array_equal(a, keep)
+
+
+def test_opset6_legacy_broadcast(rng):
+    a = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    add = kernel_class("Add")(KernelContext("cpu", opset=6))
+    np.testing.assert_allclose(add(a, b, broadcast=1, axis=1).numpy(), a + b[None, :, None], rtol=1e-6)
+    c = rng.standard_normal(4).astype(np.float32)
+    np.testing.assert_allclose(add(a, c, broadcast=1).numpy(), a + c, rtol=1e-6)
+    with pytest.raises(KernelInputError, match="broadcast is 0"):
+        add(a, c)
+    with pytest.raises(KernelInputError, match="does not broadcast"):
+        add(a, b, broadcast=1, axis=2)

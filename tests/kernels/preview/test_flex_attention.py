@@ -105,8 +105,13 @@ def test_flex_attention_double_precision_softmax(device, rng):
     q, k, v = (rng.standard_normal((1, 1, 3, 4)).astype(np.float32) for _ in range(3))
     y = K(device)(q, k, v, softmax_precision=TensorProto.DOUBLE, score_mod=_bias_graph(1.0, TensorProto.DOUBLE))
     np.testing.assert_allclose(y.numpy(), reference(q, k, v), rtol=1e-6, atol=1e-7)
-    with pytest.raises(GpuKernelsError, match="FlexAttention.*score_mod"):
+    with pytest.raises(GpuKernelsError, match="score_mod"):
         K(device)(q, k, v, score_mod=_bias_graph(1.0, TensorProto.DOUBLE))  # float scores, double bias
+    shrink = helper.make_graph(
+        [helper.make_node("ReduceMax", ["s"], ["o"], keepdims=1)], "score_mod",
+        [helper.make_tensor_value_info("s", 1, None)], [helper.make_tensor_value_info("o", 1, None)])
+    with pytest.raises(KernelInputError, match="FlexAttention: score_mod changed the shape"):
+        K(device)(q, k, v, score_mod=shrink)
 
 
 def test_flex_attention_empty_and_errors(device, rng):

@@ -3,8 +3,6 @@ references (Python's round() is half to even)."""
 
 from __future__ import annotations
 
-import math
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -24,8 +22,10 @@ INT_TARGETS = {
 FLOAT_TARGETS = {
     D.FLOAT8E4M3FN: ml_dtypes.float8_e4m3fn, D.FLOAT8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
     D.FLOAT8E5M2: ml_dtypes.float8_e5m2, D.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
-    D.FLOAT4E2M1: ml_dtypes.float4_e2m1fn,
+    D.FLOAT4E2M1: ml_dtypes.float4_e2m1fn, D.FLOAT6E2M3: ml_dtypes.float6_e2m3fn,
+    D.FLOAT6E3M2: ml_dtypes.float6_e3m2fn,
 }
+ALWAYS_SATURATE = (D.FLOAT4E2M1, D.FLOAT6E2M3, D.FLOAT6E3M2)
 
 
 def scale_index(idx, kind, axis, block):
@@ -50,7 +50,7 @@ def ref_quantize(x, scale, zp, out, kind="tensor", axis=1, block=0, saturate=Tru
         else:
             v = q + z
             m = float(ml_dtypes.finfo(FLOAT_TARGETS[out]).max)
-            if saturate or out == D.FLOAT4E2M1:
+            if saturate or out in ALWAYS_SATURATE:
                 v = min(max(v, -m), m)
             y[idx] = v
     if out in INT_TARGETS:
@@ -122,7 +122,7 @@ def test_quantize_float8_saturate_off(device, out):
     m = float(ml_dtypes.finfo(FLOAT_TARGETS[out]).max)
     np.testing.assert_array_equal(y_sat, [0, m, -m, m, -m, 3.0])
     y = k(x, np.float32(1), zp, saturate=0).numpy().astype(np.float32)
-    exp = x.astype(FLOAT_TARGETS[out]).astype(np.float32) if out != D.FLOAT4E2M1 else y_sat
+    exp = x.astype(FLOAT_TARGETS[out]).astype(np.float32) if out not in ALWAYS_SATURATE else y_sat
     np.testing.assert_array_equal(y, exp)
 
 

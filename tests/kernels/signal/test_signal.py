@@ -16,13 +16,6 @@ from gpukernels.kernels.signal.dft import DFT, STFT
 from gpukernels.kernels.signal.windows import BlackmanWindow, HammingWindow, HannWindow, MelWeightMatrix
 
 
-def dft_matrix(n_in, n_out, inverse):
-    k = np.arange(n_out)[:, None]
-    t = np.arange(n_in)[None, :]
-    sign = 1 if inverse else -1
-    return np.exp(sign * 2j * np.pi * k * t / max(n_out if not inverse else n_out, 1))
-
-
 def ref_dft(x, axis, n=None, inverse=False, onesided=False):
     """x: [..., 1|2] float64.  Direct O(n^2) sums."""
     sig = x[..., 0] + (1j * x[..., 1] if x.shape[-1] == 2 else 0)
@@ -67,7 +60,6 @@ def ref_dft(x, axis, n=None, inverse=False, onesided=False):
 @pytest.mark.parametrize("n", [None, 5, 12])
 def test_dft_opset20(device, rng, complex_in, inverse, onesided, axis, n):
     x = rng.standard_normal((2, 8, 6, 2 if complex_in else 1)).astype(np.float64)
-    kw = {}
     k = DFT(KernelContext(device))
     y = k(x, None if n is None else np.int64(n), np.int64(axis), inverse=inverse, onesided=onesided)
     exp = ref_dft(x, axis % 4, n, bool(inverse), bool(onesided))

@@ -1,0 +1,509 @@
+"""GPU check: selftests, parity and benchmarks of the hand-written CUDA kernels, in one run.
+
+    python benchmarks/bench_gpu.py            # on a machine with a GPU, CuPy and (optionally) PyTorch
+    python benchmarks/bench_gpu.py --emulator # the same selftests and parity cases (small) on the CPU emulator
+    scripts/gpu_check.sh                      # the wrapper with a time limit
+
+1. selftests (cuda/selftest.cu): warp shuffles/votes, barriers, atomics, and the mma layer
+   (mma.sync f16/bf16/tf32, ldmatrix, cp.async) against NumPy -- what makes the emulator's
+   results for the real kernels trustworthy;
+2. parity: every operator case runs three ways -- the CUDA kernel (context option
+   cuda_kernels='always', outputs poisoned with NaN bytes before each run), the kernel
+   class' array path on the same device (cuda_kernels='never') and a float64 NumPy
+   reference -- on fresh random inputs, compared with gpukernels.gpu.parity tolerances;
+3. benchmarks against PyTorch (when importable) and the array path: median times, GB/s.
+
+Prints a short table last; exits 1 when a selftest or parity case fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("GPUKERNELS_CUDA_POISON", "1")
+
+import ml_dtypes  # noqa: E402
+
+from gpukernels.dtypes import DataType  # noqa: E402
+from gpukernels.gpu import parity, selftest  # noqa: E402
+from gpukernels.kernels.base import KernelContext  # noqa: E402
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+START = time.perf_counter()
+ROWS: list[tuple[str, str, str, str]] = []  # (section, case, status, detail)
+
+
+def elapsed() -> float:
+    return time.perf_counter() - START
+
+
+def record(section, case, ok, detail=""):
+    status = "ok" if ok is True else ("FAIL" if ok is False else str(ok))
+    ROWS.append((section, case, status, detail))
+    print(f"[{elapsed():6.1f}s] {section:<9} {case:<58} {status:<5} {detail}", flush=True)
+
+
+# ------------------------------------------------------------------ environments
+
+
+class GpuEnv:
+    name = "cuda"
+
+    def __init__(self):
+        import cupy
+
+        from gpukernels.gpu.launch import CupyBackend
+        from gpukernels.xp import Device
+
+        self.cp = cupy
+        self.backend = CupyBackend(Device("cuda", 0))
+        self.backend.poison = True
+
+    def kernel(self, cls, cuda: bool, options=None):
+        opts = dict(options or {})
+        opts["cuda_kernels"] = "always" if cuda else "never"
+        return cls(KernelContext("cuda", options=opts))
+
+    def launches(self, op):
+        from gpukernels.gpu import accelerated
+
+        return accelerated.launch_counts.get(op, 0)
+
+
+class EmuEnv:
+    name = "emulator"
+
+    def __init__(self):
+        sys.path.insert(0, str(REPO / "tools" / "cuda_emu"))
+        import emulator
+
+        self.backend = emulator.EmuBackend()
+        self.count = {}
+
+    def kernel(self, cls, cuda: bool, options=None):
+        k = cls(KernelContext("cpu", options=dict(options or {})))
+        if cuda:
+            import importlib
+
+            from gpukernels.gpu import accelerated
+
+            module = importlib.import_module(accelerated._MODULES[k.op_type])
+
+            def cuda_path(**arguments):
+                r = module.run(self.backend, **arguments)
+                if r is None:
+                    raise RuntimeError(f"{k.op_type}: the CUDA path does not cover this case")
+                self.count[k.op_type] = self.count.get(k.op_type, 0) + 1
+                return r
+
+            k.cuda_path = cuda_path
+        return k
+
+    def launches(self, op):
+        return self.count.get(op, 0)
+
+
+# ------------------------------------------------------------------ selftests
+
+
+def run_selftests(env, rng):
+    be = env.backend
+    try:
+        x = (rng.standard_normal(256) * 2).astype(np.float32)
+        got = selftest.run_warp(be, x, block=128)
+        w = x.reshape(-1, 32)
+        ok = np.allclose(got[:, 0], np.repeat(w.astype(np.float64).sum(1), 32), rtol=1e-5, atol=1e-5)
+        lanes = np.arange(32)
+        ok &= np.array_equal(got[:, 1], w[:, (lanes * 7) % 32].ravel())
+        ok &= np.array_equal(got[:, 3], np.where(lanes + 5 < 32, w[:, np.minimum(lanes + 5, 31)], w).ravel())
+        bal = np.array([sum(1 << l for l in range(32) if r[l] > 0) for r in w], np.uint32)
+        ok &= np.array_equal(got[:, 5].view(np.uint32), np.repeat(bal, 32))
+        record("selftest", "warp shuffles / votes", bool(ok))
+    except Exception as exc:
+        record("selftest", "warp shuffles / votes", False, repr(exc)[:120])
+    try:
+        x = rng.standard_normal(1000).astype(np.float32)
+        sums, total, counts = selftest.run_block(be, x, block=128)
+        xp = np.zeros(1024, np.float32)
+        xp[:1000] = x
+        ok = np.allclose(sums, xp.reshape(8, 128).sum(1), rtol=1e-4, atol=1e-4)
+        ok &= abs(float(total[0]) - float(x.sum())) < 1e-3
+        ok &= np.array_equal(counts, (xp.reshape(8, 128) > 0).sum(1))
+        record("selftest", "barriers / dynamic shared / atomics", bool(ok))
+    except Exception as exc:
+        record("selftest", "barriers / dynamic shared / atomics", False, repr(exc)[:120])
+    for kind in ("f16", "bf16", "tf32"):
+        try:
+            if kind == "tf32":
+                A = rng.standard_normal((16, 8)).astype(np.float32)
+                B = rng.standard_normal((8, 16)).astype(np.float32)
+
+                def rnd(m):
+                    u = m.view(np.uint32).astype(np.uint64)
+                    return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+            else:
+                A = rng.standard_normal((16, 16)).astype(np.float32)
+                B = rng.standard_normal((16, 16)).astype(np.float32)
+                t = np.float16 if kind == "f16" else ml_dtypes.bfloat16
+
+                def rnd(m):
+                    return m.astype(t).astype(np.float32)
+            C = rng.standard_normal((16, 16)).astype(np.float32)
+            D = selftest.run_mma(be, kind, A, B, C)
+            want = rnd(A).astype(np.float64) @ rnd(B).astype(np.float64) + C
+            err = float(np.max(np.abs(D - want)))
+            record("selftest", f"mma layer {kind} (ldmatrix, cp.async)", err < 1e-3, f"max err {err:.2e}")
+        except Exception as exc:
+            record("selftest", f"mma layer {kind}", False, repr(exc)[:120])
+
+
+# ------------------------------------------------------------------ references (float64)
+
+
+def rotary_reference(x, cos, sin, pos, interleaved, num_heads, rd):
+    x = x.astype(np.float64)
+    cos, sin = cos.astype(np.float64), sin.astype(np.float64)
+    x4 = x.transpose(0, 2, 1, 3) if x.ndim == 4 else x.reshape(x.shape[0], x.shape[1], num_heads, -1)
+    D = x4.shape[-1]
+    rd = rd or D
+    if pos is not None:
+        cos, sin = cos[pos], sin[pos]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    out = x4.copy()
+    if interleaved:
+        a, b = x4[..., 0:rd:2], x4[..., 1:rd:2]
+        out[..., 0:rd:2], out[..., 1:rd:2] = c * a - s * b, s * a + c * b
+    else:
+        a, b = x4[..., :rd // 2], x4[..., rd // 2:rd]
+        out[..., :rd // 2], out[..., rd // 2:rd] = c * a - s * b, s * a + c * b
+    return out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)
+
+
+def la_reference(q, k, v, s0, decay, beta, rule, Hq, Hkv, scale):
+    B, T, _ = q.shape
+    dk, dv, G = q.shape[2] // Hq, v.shape[2] // Hkv, Hq // Hkv
+    q = q.astype(np.float64).reshape(B, T, Hkv, G, dk)
+    k = k.astype(np.float64).reshape(B, T, Hkv, dk)
+    v = v.astype(np.float64).reshape(B, T, Hkv, dv)
+    S = np.zeros((B, Hkv, dk, dv)) if s0 is None else s0.astype(np.float64).copy()
+    out = np.zeros((B, T, Hkv, G, dv))
+    for t in range(T):
+        if decay is not None:
+            d = decay[:, t].astype(np.float64)
+            a = np.exp(d.reshape(B, Hkv, dk, 1) if d.shape[1] == Hkv * dk else d.reshape(B, Hkv, 1, 1))
+            S = S * a
+        u = v[:, t]
+        if beta is not None:
+            bt = beta[:, t].astype(np.float64).reshape(B, -1, 1)
+            u = bt * (u - np.einsum("bhkv,bhk->bhv", S, k[:, t]))
+        S = S + k[:, t, :, :, None] * u[:, :, None, :]
+        out[:, t] = scale * np.einsum("bhgk,bhkv->bhgv", q[:, t], S)
+    return out.reshape(B, T, Hq * dv), S
+
+
+# ------------------------------------------------------------------ parity
+
+
+def _compare3(section, case, cuda_out, array_out, ref, data_type, rtol=None, atol=None):
+    m1 = parity.compare(cuda_out, array_out, data_type, rtol, atol, what="cuda vs array path")
+    m2 = parity.compare(cuda_out, ref, data_type, rtol, atol, what="cuda vs float64")
+    ok = m1 is None and m2 is None
+    record(section, case, ok, "" if ok else (m1 or m2)[:160])
+    return ok
+
+
+def parity_rotary(env, rng, quick: bool):
+    from gpukernels.kernels.nn.rotary import RotaryEmbedding
+
+    cuda_k = env.kernel(RotaryEmbedding, True)
+    array_k = env.kernel(RotaryEmbedding, False)
+    small = env.name == "emulator"
+    B, H, S, D = (2, 3, 5, 16) if small else (2, 4, 37, 96)
+    for dtype in DTYPES:
+        for rank in (3, 4):
+            for inter in (0, 1):
+                for rd in (0, D // 2):
+                    for with_pos in (True, False):
+                        if quick and (rd or not with_pos):
+                            continue
+                        t = DTYPES[dtype]
+                        shape = (B, H, S, D) if rank == 4 else (B, S, H * D)
+                        x = rng.standard_normal(shape).astype(t)
+                        half = (rd or D) // 2
+                        if with_pos:
+                            ang = rng.uniform(-3, 3, (S + 7, half))
+                            pos = rng.integers(0, S + 7, (B, S)).astype(np.int64)
+                        else:
+                            ang = rng.uniform(-3, 3, (B, S, half))
+                            pos = None
+                        cos, sin = np.cos(ang).astype(t), np.sin(ang).astype(t)
+                        attrs = dict(interleaved=inter, rotary_embedding_dim=rd)
+                        if rank == 3:
+                            attrs["num_heads"] = H
+                        case = f"RotaryEmbedding {dtype} rank{rank} {'inter' if inter else 'halves'} " \
+                               f"rd={rd or D} {'pos' if with_pos else 'cache3'}"
+                        try:
+                            n0 = env.launches("RotaryEmbedding")
+                            y = cuda_k(x, cos, sin, pos, **attrs).numpy()
+                            if env.launches("RotaryEmbedding") != n0 + 1:
+                                raise RuntimeError("the CUDA kernel did not run")
+                            ya = array_k(x, cos, sin, pos, **attrs).numpy()
+                            ref = rotary_reference(x, cos, sin, pos, inter, H, rd)
+                            _compare3("parity", case, y, ya, ref, DataType[{"float32": "FLOAT", "float16": "FLOAT16",
+                                                                            "bfloat16": "BFLOAT16"}[dtype]])
+                        except Exception as exc:
+                            record("parity", case, False, repr(exc)[:160])
+
+
+def parity_linear_attention(env, rng, quick: bool):
+    from gpukernels.kernels.nn.linear_attention import LinearAttention
+
+    small = env.name == "emulator"
+    lengths = (1, 9) if small else (1, 40, 300)
+    modes = [None] if small else [None, "recurrent"]
+    for mode in modes:
+        cuda_k = env.kernel(LinearAttention, True, {"linear_attention_mode": mode} if mode else None)
+        array_k = env.kernel(LinearAttention, False)
+        for dtype in DTYPES:
+            for rule in ("linear", "gated", "delta", "gated_delta"):
+                for T in lengths:
+                    if quick and dtype != "float32" and T != lengths[-1]:
+                        continue
+                    if mode == "recurrent" and T != lengths[-1]:
+                        continue
+                    t = DTYPES[dtype]
+                    B, Hq, Hkv, dk, dv = (2, 4, 2, 8, 12) if small else (2, 8, 4, 64, 96)
+                    per_key = T % 2 == 0 or T == 1
+                    q = (rng.standard_normal((B, T, Hq * dk)) * 0.5).astype(t)
+                    kk = rng.standard_normal((B, T, Hkv, dk))
+                    k = (kk / np.linalg.norm(kk, axis=-1, keepdims=True)).reshape(B, T, Hkv * dk).astype(t)
+                    v = rng.standard_normal((B, T, Hkv * dv)).astype(t)
+                    s0 = (rng.standard_normal((B, Hkv, dk, dv)) * 0.3).astype(t)
+                    decay = rng.uniform(-0.3, -0.01, (B, T, Hkv * dk if per_key else Hkv)).astype(t) \
+                        if rule in ("gated", "gated_delta") else None
+                    beta = rng.uniform(0.1, 0.9, (B, T, Hkv)).astype(t) if rule in ("delta", "gated_delta") else None
+                    attrs = dict(update_rule=rule, q_num_heads=Hq, kv_num_heads=Hkv)
+                    case = f"LinearAttention {dtype} {rule} T={T}{' per-key' if decay is not None and per_key else ''}" \
+                           f"{' ' + mode if mode else ''}"
+                    try:
+                        n0 = env.launches("LinearAttention")
+                        r = cuda_k(q, k, v, s0, decay, beta, **attrs)
+                        if env.launches("LinearAttention") != n0 + 1:
+                            raise RuntimeError("the CUDA kernel did not run")
+                        ra = array_k(q, k, v, s0, decay, beta, **attrs)
+                        ref_o, ref_s = la_reference(q, k, v, s0, decay, beta, rule, Hq, Hkv, 1 / math.sqrt(dk))
+                        dt = r.output.data_type
+                        tol = 1e-4 if dtype == "float32" else None
+                        ok = _compare3("parity", case, r.output.numpy(), ra.output.numpy(), ref_o, dt, tol, tol)
+                        if ok:
+                            m = parity.compare(r.present_state.numpy(), ref_s, r.present_state.data_type, tol, tol,
+                                               what="present_state vs float64")
+                            if m:
+                                record("parity", case + " state", False, m[:160])
+                    except Exception as exc:
+                        record("parity", case, False, repr(exc)[:160])
+
+
+# ------------------------------------------------------------------ benchmarks
+
+
+def _time_gpu(cp, fn, min_time=0.3, repeat=10):
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    times = []
+    t_start = time.perf_counter()
+    while len(times) < repeat or time.perf_counter() - t_start < min_time:
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+        if len(times) > 500:
+            break
+    return statistics.median(times)
+
+
+def bench_rotary(env, rng, torch):
+    from gpukernels.gpu import rotary_embedding as gr
+    from gpukernels.kernels.nn.rotary import RotaryEmbedding
+    from gpukernels.tensor import Tensor
+
+    cp = env.cp
+    for dtype, rank, inter in (("float16", 4, 0), ("bfloat16", 3, 1), ("float32", 4, 0)):
+        B, H, S, D = 8, 32, 2048, 128
+        t = DTYPES[dtype]
+        shape = (B, H, S, D) if rank == 4 else (B, S, H * D)
+        x = Tensor(rng.standard_normal(shape).astype(t), device="cuda")
+        ang = rng.uniform(-3, 3, (S, D // 2))
+        cos = Tensor(np.cos(ang).astype(t), device="cuda")
+        sin = Tensor(np.sin(ang).astype(t), device="cuda")
+        pos = Tensor(np.tile(np.arange(S, dtype=np.int64), (B, 1)), device="cuda")
+        args = dict(X=x, cos_cache=cos, sin_cache=sin, position_ids=pos, interleaved=inter, num_heads=H,
+                    rotary_embedding_dim=D)
+        name = f"RotaryEmbedding {dtype} rank{rank}{' inter' if inter else ''} {B}x{H}x{S}x{D}"
+        nbytes = 2 * x.array.nbytes + 2 * cos.array.nbytes + pos.array.nbytes
+        t_k = _time_gpu(cp, lambda: gr.run(env.backend, **args))
+        arr_k = RotaryEmbedding(KernelContext("cuda", options={"cuda_kernels": "never"}))
+        attrs = dict(interleaved=inter, rotary_embedding_dim=D, **({"num_heads": H} if rank == 3 else {}))
+        t_a = _time_gpu(cp, lambda: arr_k(x, cos, sin, pos, **attrs), min_time=0.2, repeat=3)
+        detail = f"kernel {t_k * 1e6:8.1f} us {nbytes / t_k / 1e9:6.0f} GB/s | array path {t_a / t_k:5.1f}x slower"
+        if torch is not None and dtype != "bfloat16":
+            tt = {"float16": torch.float16, "float32": torch.float32}[dtype]
+            tx = torch.as_tensor(cp.asarray(x.array), device="cuda").to(tt) if False else \
+                torch.randn(shape, device="cuda", dtype=tt)
+            tc = torch.randn((S, D // 2), device="cuda", dtype=tt)
+            ts = torch.randn((S, D // 2), device="cuda", dtype=tt)
+            tp = torch.arange(S, device="cuda").repeat(B, 1)
+
+            def torch_rope():
+                c = tc[tp].unsqueeze(1)
+                s_ = ts[tp].unsqueeze(1)
+                x1, x2 = tx[..., :D // 2], tx[..., D // 2:]
+                return torch.cat([x1 * c - x2 * s_, x1 * s_ + x2 * c], -1)
+
+            t_t = _time_gpu(cp, torch_rope)
+            detail += f" | torch eager {t_t / t_k:5.2f}x the kernel's time"
+        record("bench", name, "-", detail)
+
+
+def bench_linear_attention(env, rng, torch):
+    from gpukernels.gpu import linear_attention as gla
+    from gpukernels.kernels.nn.linear_attention import LinearAttention
+    from gpukernels.tensor import Tensor
+
+    cp = env.cp
+    for label, B, T, H, dk, dv in (("decode", 16, 1, 16, 128, 128), ("prefill", 2, 1024, 8, 128, 128)):
+        if elapsed() > 400:
+            record("bench", f"LinearAttention {label}", "skip", "time budget")
+            continue
+        t = np.float32
+        q = Tensor((rng.standard_normal((B, T, H * dk)) * 0.1).astype(t), device="cuda")
+        kk = rng.standard_normal((B, T, H, dk))
+        k = Tensor((kk / np.linalg.norm(kk, axis=-1, keepdims=True)).reshape(B, T, H * dk).astype(t), device="cuda")
+        v = Tensor(rng.standard_normal((B, T, H * dv)).astype(t), device="cuda")
+        s0 = Tensor((rng.standard_normal((B, H, dk, dv)) * 0.1).astype(t), device="cuda")
+        decay = Tensor(rng.uniform(-0.1, -0.01, (B, T, H)).astype(t), device="cuda")
+        beta = Tensor(rng.uniform(0.1, 0.9, (B, T, H)).astype(t), device="cuda")
+        args = dict(query=q, key=k, value=v, past_state=s0, decay=decay, beta=beta, chunk_size=64, kv_num_heads=H,
+                    q_num_heads=H, scale=1 / math.sqrt(dk), update_rule="gated_delta")
+        name = f"LinearAttention gated_delta f32 {label} B={B} T={T} H={H} {dk}x{dv}"
+        t_k = _time_gpu(cp, lambda: gla.run(env.backend, **args))
+        arr_k = LinearAttention(KernelContext("cuda", options={"cuda_kernels": "never"}))
+        t_a = _time_gpu(cp, lambda: arr_k(q, k, v, s0, decay, beta, update_rule="gated_delta", q_num_heads=H,
+                                          kv_num_heads=H), min_time=0.2, repeat=2)
+        detail = f"kernel {t_k * 1e3:8.3f} ms | array path {t_a / t_k:6.1f}x slower"
+        if torch is not None:
+            tq = torch.randn((B, T, H, dk), device="cuda") * 0.1
+            tk = torch.nn.functional.normalize(torch.randn((B, T, H, dk), device="cuda"), dim=-1)
+            tv = torch.randn((B, T, H, dv), device="cuda")
+            tg = -torch.rand((B, T, H), device="cuda") * 0.1
+            tb = torch.rand((B, T, H), device="cuda")
+            tS = torch.randn((B, H, dk, dv), device="cuda") * 0.1
+
+            def torch_recurrence():
+                S = tS
+                outs = []
+                for i in range(T):
+                    S = S * torch.exp(tg[:, i])[..., None, None]
+                    r = torch.einsum("bhkv,bhk->bhv", S, tk[:, i])
+                    u = tb[:, i][..., None] * (tv[:, i] - r)
+                    S = S + tk[:, i][..., :, None] * u[..., None, :]
+                    outs.append(torch.einsum("bhk,bhkv->bhv", tq[:, i], S))
+                return torch.stack(outs, 1)
+
+            t_t = _time_gpu(cp, torch_recurrence, min_time=0.2, repeat=2)
+            detail += f" | torch eager recurrence {t_t / t_k:6.1f}x the kernel's time"
+        record("bench", name, "-", detail)
+
+
+# ------------------------------------------------------------------ main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--emulator", action="store_true", help="run selftests and parity on the CPU emulator")
+    ap.add_argument("--quick", action="store_true", help="fewer parity cases")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--seed", type=int, default=None, help="default: fresh random inputs")
+    args = ap.parse_args(argv)
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    rng = np.random.default_rng(seed)
+    print(f"gpukernels GPU check, seed {seed}")
+    if args.emulator:
+        env = EmuEnv()
+    else:
+        try:
+            import cupy  # noqa: F401
+        except Exception as exc:
+            print(f"CuPy is not importable ({type(exc).__name__}: {exc}).\n"
+                  "The GPU check needs cupy-cuda12x (pip install 'gpukernels[cuda12]' or cupy-cuda12x); "
+                  "without network access it cannot be installed here.  Nothing was run.")
+            return 2
+        from gpukernels.xp import cuda_status
+
+        status = cuda_status()
+        if not status.available:
+            print(f"No usable GPU: {status.reason}.  Nothing was run.")
+            return 2
+        env = GpuEnv()
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        print(f"device: {props['name'].decode()} (sm_{env.backend.compute_capability}, "
+              f"{env.backend.sm_count} SMs), CuPy {cupy.__version__}")
+    for step in (run_selftests, lambda e, r: parity_rotary(e, r, args.quick),
+                 lambda e, r: parity_linear_attention(e, r, args.quick)):
+        try:
+            step(env, rng)
+        except Exception:
+            traceback.print_exc()
+            record("error", getattr(step, "__name__", "step"), False, "crashed (traceback above)")
+    if not args.emulator and not args.no_bench:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                torch = None
+        except Exception:
+            torch = None
+        if torch is None:
+            print("PyTorch with CUDA not available: benchmarks compare with the array path only")
+        for bench in (bench_rotary, bench_linear_attention):
+            if elapsed() > 420:
+                record("bench", bench.__name__, "skip", "time budget")
+                continue
+            try:
+                bench(env, rng, torch)
+            except Exception:
+                traceback.print_exc()
+                record("bench", bench.__name__, False, "crashed (traceback above)")
+
+    failed = [r for r in ROWS if r[2] == "FAIL"]
+    print("\n" + "=" * 100)
+    print(f"SUMMARY ({env.name}, seed {seed}, {elapsed():.0f} s): "
+          f"{sum(r[2] == 'ok' for r in ROWS)} ok, {len(failed)} failed")
+    for section in ("selftest", "parity", "error"):
+        rows = [r for r in ROWS if r[0] == section]
+        if rows:
+            n_ok = sum(r[2] == "ok" for r in rows)
+            print(f"  {section:<9} {n_ok}/{len(rows)} ok")
+    for r in failed:
+        print(f"  FAIL {r[0]:<9} {r[1]:<58} {r[3]}")
+    for r in ROWS:
+        if r[0] == "bench":
+            print(f"  {r[1]:<58} {r[3]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
