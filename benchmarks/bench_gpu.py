@@ -361,8 +361,7 @@ def bench_rotary(env, rng, torch):
         detail = f"kernel {t_k * 1e6:8.1f} us {nbytes / t_k / 1e9:6.0f} GB/s | array path {t_a / t_k:5.1f}x slower"
         if torch is not None and dtype != "bfloat16":
             tt = {"float16": torch.float16, "float32": torch.float32}[dtype]
-            tx = torch.as_tensor(cp.asarray(x.array), device="cuda").to(tt) if False else \
-                torch.randn(shape, device="cuda", dtype=tt)
+            tx = torch.randn(shape, device="cuda", dtype=tt)  # rank 4 (B, H, S, D)
             tc = torch.randn((S, D // 2), device="cuda", dtype=tt)
             ts = torch.randn((S, D // 2), device="cuda", dtype=tt)
             tp = torch.arange(S, device="cuda").repeat(B, 1)

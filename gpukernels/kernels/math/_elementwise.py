@@ -37,7 +37,7 @@ class BinaryKernel(KernelBase):
         a = self.tensor(A, "A")
         b = self.tensor(B, "B")
         self.check_inputs(a, b)
-        if broadcast is not None or axis is not None:
+        if self.since_version < 7 and not self.domain:
             b = self._legacy_broadcast(a, b, broadcast or 0, axis)
         self.check_broadcast(a, b)
         # STRING tensors stay on the host even in a cuda context

@@ -17,9 +17,11 @@ Differentiable operators: Add, Sub, Mul, Div, Neg, MatMul, Gemm, Relu, Sigmoid, 
 Exp, Log, Sqrt, Abs, Identity.  Others on the path raise a KernelInputError naming them.
 A name in xs that y does not depend on gets a zero gradient.
 
-The kernel needs the enclosing graph: the runtime sets ``self.outer_scope`` and
-``gpukernels.runtime.graph_of(scope)`` returns the prepared graph (its ``.graph`` is the
-GraphProto).  ``differentiate`` is the same computation as a plain function.
+The kernel needs the enclosing graph: the runtime sets ``self.outer_scope`` (the class
+says ``needs_outer_scope = True``) and ``gpukernels.runtime.graph_of(scope)`` returns
+the prepared graph (its ``.graph`` is the GraphProto).  ``Gradient.scope_reads(node,
+graph)`` lists the values it reads through the scope, which the runtime must not free
+before the node runs.  ``differentiate`` is the same computation as a plain function.
 """
 
 from __future__ import annotations
@@ -197,6 +199,19 @@ class Gradient(KernelBase):
     scope of the graph holding this node); without it the kernel raises."""
 
     needs_outer_scope = True
+
+    @staticmethod
+    def scope_reads(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[str]:
+        """Names of the enclosing graph this node reads through the scope (not through its
+        inputs): the runtime must keep them alive until the node has run."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        dec = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
+        xs = [dec(v) for v in attrs.get("xs", [])]
+        zs = [dec(v) for v in attrs.get("zs", [])]
+        if "y" not in attrs:
+            return []
+        _, external = forward_slice(graph, xs, zs, dec(attrs["y"]))
+        return external
 
     def __call__(self, *Inputs, xs=None, y=None, zs=None):
         if not xs or y is None:
