@@ -101,7 +101,8 @@ class EmuEnv:
             module = importlib.import_module(accelerated._MODULES[k.op_type])
 
             def cuda_path(**arguments):
-                r = module.run(self.backend, **arguments)
+                extra = module.run_options(k) if hasattr(module, "run_options") else {}
+                r = module.run(self.backend, **arguments, **extra)
                 if r is None:
                     raise RuntimeError(f"{k.op_type}: the CUDA path does not cover this case")
                 self.count[k.op_type] = self.count.get(k.op_type, 0) + 1
@@ -429,6 +430,13 @@ def bench_linear_attention(env, rng, torch):
 
 # ------------------------------------------------------------------ main
 
+# parity_<op>(env, rng, quick) and bench_<op>(env, rng, torch_or_None): add new operators here.
+# env.kernel(cls, cuda=True/False, options) gives a kernel instance on the device (CUDA path
+# forced / array path only); env.launches(op) counts CUDA launches; env.backend is the
+# CupyBackend (GPU) or EmuBackend; record(section, case, ok, detail) adds a table row.
+PARITY = [parity_rotary, parity_linear_attention]
+BENCHES = [bench_rotary, bench_linear_attention]
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -460,13 +468,12 @@ def main(argv=None) -> int:
         props = cupy.cuda.runtime.getDeviceProperties(0)
         print(f"device: {props['name'].decode()} (sm_{env.backend.compute_capability}, "
               f"{env.backend.sm_count} SMs), CuPy {cupy.__version__}")
-    for step in (run_selftests, lambda e, r: parity_rotary(e, r, args.quick),
-                 lambda e, r: parity_linear_attention(e, r, args.quick)):
+    for step in [run_selftests] + PARITY:
         try:
-            step(env, rng)
+            step(env, rng) if step is run_selftests else step(env, rng, args.quick)
         except Exception:
             traceback.print_exc()
-            record("error", getattr(step, "__name__", "step"), False, "crashed (traceback above)")
+            record("error", step.__name__, False, "crashed (traceback above)")
     if not args.emulator and not args.no_bench:
         try:
             import torch
@@ -477,7 +484,7 @@ def main(argv=None) -> int:
             torch = None
         if torch is None:
             print("PyTorch with CUDA not available: benchmarks compare with the array path only")
-        for bench in (bench_rotary, bench_linear_attention):
+        for bench in BENCHES:
             if elapsed() > 420:
                 record("bench", bench.__name__, "skip", "time budget")
                 continue

@@ -110,3 +110,234 @@ __global__ void gk_la_recurrent(const T* __restrict__ q, const T* __restrict__ k
     }
   }
 }
+
+// ---------------------------------------------------------------------- chunked form
+namespace gk_la {
+
+// decay factor exp(Gam_i[d] - Gam_j[d]) for decay width dg (0 none, 1 per head, else per key)
+__device__ __forceinline__ float pair_decay(const float* Gs, int dg, int i, int j, int d) {
+  if (dg == 0) return 1.0f;
+  if (dg == 1) return expf(Gs[i] - Gs[j]);
+  return expf(Gs[i * dg + d] - Gs[j * dg + d]);
+}
+
+}  // namespace gk_la
+
+// Chunk-local parts of chunks [c0, c0 + gridDim.x) (one block per (chunk, kv head, batch)).
+// Workspace per (b, h, local chunk) w = (b * Hkv + h) * nch + blockIdx.x:
+//   gam[w][C][dg]   cumulative log decay inside the chunk (dg = decay_width)
+//   wm[w][C][dk]    W = (I + A)^-1 beta K exp(Gam)          (delta rules)
+//   u0[w][C][dv]    U0 = (I + A)^-1 beta V                   (delta rules)
+//   mqk[w][G][C][C] M_j[t][s] = q_jt . k_s exp(Gam_t - Gam_s) for s <= t, 0 above
+// Dynamic shared memory: (2 C dk + C dg + C C + C + C blockDim.x) floats.
+template <class T>
+__global__ void __launch_bounds__(256)
+gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                 const T* __restrict__ decay, const T* __restrict__ beta, float* __restrict__ gam,
+                 float* __restrict__ wm, float* __restrict__ u0, float* __restrict__ mqk, int c0, int nch, int T_,
+                 int Hq, int Hkv, int dk, int dv, int decay_width, int beta_heads) {
+  using gk::i64;
+  using gk_la::C;
+  extern __shared__ float smem[];
+  const int dg = decay_width;
+  float* Ks = smem;            // C x dk
+  float* Qs = Ks + C * dk;     // C x dk
+  float* Gs = Qs + C * dk;     // C x dg
+  float* A = Gs + C * dg;      // C x C
+  float* bs = A + C * C;       // C
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int h = blockIdx.y;
+  const i64 b = blockIdx.z;
+  const int G = Hq / Hkv;
+  const int tbase = (c0 + blockIdx.x) * C;
+  const i64 w = (b * Hkv + h) * nch + blockIdx.x;
+
+  for (int e = tid; e < C * dk; e += nt) {
+    const int i = e / dk, d = e - i * dk, t = tbase + i;
+    Ks[e] = t < T_ ? gk::to_float(k[((b * T_ + t) * Hkv + h) * dk + d]) : 0.0f;
+  }
+  if (dg > 0) {
+    for (int d = tid; d < dg; d += nt) {
+      float acc = 0.0f;
+      for (int i = 0; i < C; ++i) {
+        const int t = tbase + i;
+        if (t < T_) acc += gk::to_float(decay[((b * T_ + t) * Hkv + h) * dg + d]);
+        Gs[i * dg + d] = acc;
+        gam[(w * C + i) * dg + d] = acc;
+      }
+    }
+  }
+  if (beta_heads > 0) {
+    for (int i = tid; i < C; i += nt) {
+      const int t = tbase + i;
+      bs[i] = t < T_ ? gk::to_float(beta[(b * T_ + t) * beta_heads + (beta_heads == 1 ? 0 : h)]) : 0.0f;
+    }
+  }
+  __syncthreads();
+
+  if (beta_heads > 0) {
+    // A[i][j] = beta_i sum_d K_i K_j exp(Gam_i - Gam_j), strictly lower
+    for (int e = tid; e < C * C; e += nt) {
+      const int i = e / C, j = e - i * C;
+      float acc = 0.0f;
+      if (j < i) {
+        if (dg > 1) {
+          for (int d = 0; d < dk; ++d) acc += Ks[i * dk + d] * Ks[j * dk + d] * expf(Gs[i * dg + d] - Gs[j * dg + d]);
+        } else {
+          for (int d = 0; d < dk; ++d) acc += Ks[i * dk + d] * Ks[j * dk + d];
+          if (dg == 1) acc *= expf(Gs[i] - Gs[j]);
+        }
+        acc *= bs[i];
+      }
+      A[e] = acc;
+    }
+    __syncthreads();
+    // forward substitution, one column of [beta V | beta K exp(Gam)] per thread; the
+    // column's solution so far lives in shared memory (X, C x blockDim.x)
+    float* X = bs + C;
+    for (int col0 = 0; col0 < dv + dk; col0 += nt) {
+      const int col = col0 + tid;
+      if (col < dv + dk) {
+#pragma unroll 1
+        for (int i = 0; i < C; ++i) {
+          const int t = tbase + i;
+          float r;
+          if (col < dv) {
+            r = t < T_ ? gk::to_float(v[((b * T_ + t) * Hkv + h) * dv + col]) : 0.0f;
+          } else {
+            const int d = col - dv;
+            r = Ks[i * dk + d];
+            if (dg == 1) r *= expf(Gs[i]);
+            else if (dg > 1) r *= expf(Gs[i * dg + d]);
+          }
+          r *= bs[i];
+          for (int j = 0; j < i; ++j) r -= A[i * C + j] * X[j * nt + tid];
+          X[i * nt + tid] = r;
+          if (col < dv) u0[(w * C + i) * dv + col] = r;
+          else wm[(w * C + i) * dk + (col - dv)] = r;
+        }
+      }
+    }
+  }
+
+  // M_j for each query head of the group
+  for (int j = 0; j < G; ++j) {
+    __syncthreads();  // Qs is reused
+    for (int e = tid; e < C * dk; e += nt) {
+      const int i = e / dk, d = e - i * dk, t = tbase + i;
+      Qs[e] = t < T_ ? gk::to_float(q[((b * T_ + t) * Hq + (i64)h * G + j) * dk + d]) : 0.0f;
+    }
+    __syncthreads();
+    float* M = mqk + (w * G + j) * C * C;
+    for (int e = tid; e < C * C; e += nt) {
+      const int i = e / C, s = e - i * C;
+      float acc = 0.0f;
+      if (s <= i) {
+        if (dg > 1) {
+          for (int d = 0; d < dk; ++d) acc += Qs[i * dk + d] * Ks[s * dk + d] * expf(Gs[i * dg + d] - Gs[s * dg + d]);
+        } else {
+          for (int d = 0; d < dk; ++d) acc += Qs[i * dk + d] * Ks[s * dk + d];
+          if (dg == 1) acc *= expf(Gs[i] - Gs[s]);
+        }
+      }
+      M[e] = acc;
+    }
+  }
+}
+
+// The pass over chunks [c0, c0 + nch): one block per (d_v tile of 32 columns, kv head, batch)
+// keeps its state tile S (dk x 32) in shared memory.  state_in may alias state_out (each
+// block reads and writes only its own tile) or be null (zeros).
+// Dynamic shared memory: (dk * 32 + 2 C dk + C dg + C dk + C * 32) floats.
+template <class T>
+__global__ void __launch_bounds__(256)
+gk_la_chunk_state(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                  const float* gam, const float* wm, const float* u0, const float* mqk,
+                  const float* state_in, T* __restrict__ out, float* state_out, int c0, int nch, int T_, int Hq,
+                  int Hkv, int dk, int dv, int decay_width, int delta, float scale) {
+  using gk::i64;
+  using gk_la::C;
+  constexpr int NT = 32;  // state columns per block
+  extern __shared__ float smem[];
+  const int dg = decay_width;
+  float* S = smem;               // dk x NT
+  float* Kd = S + dk * NT;       // C x dk: K_i exp(Gam_C - Gam_i)
+  float* Qs = Kd + C * dk;       // C x dk: Q_i exp(Gam_i)
+  float* Gs = Qs + C * dk;       // C x dg
+  float* Wm = Gs + C * dg;       // C x dk
+  float* U = Wm + C * dk;        // C x NT
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int n = tid % NT, r0 = tid / NT, rstep = nt / NT;
+  const int col = blockIdx.x * NT + n;
+  const bool active = col < dv;
+  const int h = blockIdx.y;
+  const i64 b = blockIdx.z;
+  const int G = Hq / Hkv;
+  const i64 sbase = (b * Hkv + h) * (i64)dk * dv;
+
+  for (int d = r0; d < dk; d += rstep)
+    S[d * NT + n] = (state_in != nullptr && active) ? state_in[sbase + (i64)d * dv + col] : 0.0f;
+
+  for (int c = 0; c < nch; ++c) {
+    const int tbase = (c0 + c) * C;
+    const i64 w = (b * Hkv + h) * nch + c;
+    __syncthreads();
+    if (dg > 0)
+      for (int e = tid; e < C * dg; e += nt) Gs[e] = gam[w * C * dg + e];
+    __syncthreads();
+    for (int e = tid; e < C * dk; e += nt) {
+      const int i = e / dk, d = e - i * dk, t = tbase + i;
+      float kv = t < T_ ? gk::to_float(k[((b * T_ + t) * Hkv + h) * dk + d]) : 0.0f;
+      if (dg == 1) kv *= expf(Gs[C - 1] - Gs[i]);
+      else if (dg > 1) kv *= expf(Gs[(C - 1) * dg + d] - Gs[i * dg + d]);
+      Kd[e] = kv;
+      if (delta) Wm[e] = wm[w * C * dk + e];
+    }
+    for (int i = r0; i < C; i += rstep) {
+      const int t = tbase + i;
+      float uv;
+      if (delta) uv = active ? u0[(w * C + i) * dv + col] : 0.0f;
+      else uv = (active && t < T_) ? gk::to_float(v[((b * T_ + t) * Hkv + h) * dv + col]) : 0.0f;
+      U[i * NT + n] = uv;
+    }
+    __syncthreads();
+    if (delta) {  // U = U0 - W S
+      for (int i = r0; i < C; i += rstep) {
+        float acc = U[i * NT + n];
+        for (int d = 0; d < dk; ++d) acc -= Wm[i * dk + d] * S[d * NT + n];
+        U[i * NT + n] = acc;
+      }
+      __syncthreads();
+    }
+    for (int j = 0; j < G; ++j) {
+      for (int e = tid; e < C * dk; e += nt) {
+        const int i = e / dk, d = e - i * dk, t = tbase + i;
+        float qv = t < T_ ? gk::to_float(q[((b * T_ + t) * Hq + (i64)h * G + j) * dk + d]) : 0.0f;
+        if (dg == 1) qv *= expf(Gs[i]);
+        else if (dg > 1) qv *= expf(Gs[i * dg + d]);
+        Qs[e] = qv;
+      }
+      __syncthreads();
+      const float* M = mqk + (w * G + j) * C * C;
+      for (int i = r0; i < C; i += rstep) {
+        const int t = tbase + i;
+        float acc = 0.0f;
+        for (int d = 0; d < dk; ++d) acc += Qs[i * dk + d] * S[d * NT + n];
+        for (int s = 0; s <= i; ++s) acc += M[i * C + s] * U[s * NT + n];
+        if (active && t < T_) out[((b * T_ + t) * Hq + (i64)h * G + j) * dv + col] = gk::from_float<T>(acc * scale);
+      }
+      __syncthreads();
+    }
+    // S = diag(exp(Gam_C)) S + Kd^T U
+    for (int d = r0; d < dk; d += rstep) {
+      float acc = S[d * NT + n];
+      if (dg == 1) acc *= expf(Gs[C - 1]);
+      else if (dg > 1) acc *= expf(Gs[(C - 1) * dg + d]);
+      for (int i = 0; i < C; ++i) acc += Kd[i * dk + d] * U[i * NT + n];
+      S[d * NT + n] = acc;
+    }
+  }
+  __syncthreads();
+  if (active)
+    for (int d = r0; d < dk; d += rstep) state_out[sbase + (i64)d * dv + col] = S[d * NT + n];
+}

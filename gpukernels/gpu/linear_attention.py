@@ -42,14 +42,8 @@ def expressions() -> list[str]:
     return out
 
 
-def _declared() -> list[str]:
-    # only the instantiations that exist in the source so far
-    return [e for e in expressions() if e.startswith("gk_la_recurrent") or _HAVE_CHUNKED]
-
-
-_HAVE_CHUNKED = False
-
-CUDA_SOURCES = [CudaSource(SOURCE, _declared, no_spill=("gk_la_",))]
+CUDA_SOURCES = [CudaSource(SOURCE, expressions, no_spill=("gk_la_",))]
+WORKSPACE_BYTES = 64 << 20  # chunk-local workspace per segment of chunks
 
 
 def _absent(t) -> bool:
@@ -135,7 +129,7 @@ def run(backend, *, query: Tensor, key: Tensor, value: Tensor, past_state=None, 
     what = (f"LinearAttention {rule} ({describe_arrays(query=q, key=k, value=v, decay=dcy, beta=bt)}, "
             f"q_num_heads={Hq}, kv_num_heads={Hkv})")
     mode = mode or "auto"
-    use_chunked = _HAVE_CHUNKED and (mode == "chunked" or (mode == "auto" and T > RECURRENT_MAX_T))
+    use_chunked = (mode == "chunked" or (mode == "auto" and T > RECURRENT_MAX_T))
     if use_chunked:
         _run_chunked(backend, dt, q, k, v, s_in, dcy, bt, out, state_out, B, T, Hq, Hkv, dk, dv, decay_width,
                      beta_heads, sc, what)
@@ -173,11 +167,42 @@ def _run_recurrent(backend, dt, q, k, v, s_in, dcy, bt, out, state_out, B, T, Hq
                    0, what=what)
 
 
-def _run_chunked(*args):  # replaced below once the chunked kernels exist
-    raise CudaKernelError("LinearAttention: chunked kernels are not available")
+def _run_chunked(backend, dt, q, k, v, s_in, dcy, bt, out, state_out, B, T, Hq, Hkv, dk, dv, decay_width,
+                 beta_heads, sc, what):
+    C = CHUNK
+    G = Hq // Hkv
+    dg = decay_width
+    delta = beta_heads > 0
+    n_chunks = ceil_div(T, C)
+    per_chunk = B * Hkv * C * (dg + (dk + dv if delta else 0) + G * C) * 4
+    seg = max(1, min(n_chunks, WORKSPACE_BYTES // max(per_chunk, 1)))
+    gam = backend.empty((B * Hkv * seg * C * dg,), np.float32) if dg else None
+    wm = backend.empty((B * Hkv * seg * C * dk,), np.float32) if delta else None
+    u0 = backend.empty((B * Hkv * seg * C * dv,), np.float32) if delta else None
+    mqk = backend.empty((B * Hkv * seg * G * C * C,), np.float32)
+    ct = CTYPES[dt]
+    prep = backend.function(SOURCE, f"gk_la_chunk_prep<{ct}>")
+    state = backend.function(SOURCE, f"gk_la_chunk_state<{ct}>")
+    prep_smem = (2 * C * dk + C * dg + C * C + C + C * 256) * 4
+    state_smem = (dk * 32 + 3 * C * dk + C * dg + C * 32) * 4
+    s_cur = s_in
+    for c0 in range(0, n_chunks, seg):
+        nch = min(seg, n_chunks - c0)
+        backend.launch(prep, (nch, Hkv, B), (256,),
+                       (q, k, v, dcy, bt, gam, wm, u0, mqk, i32(c0), i32(nch), i32(T), i32(Hq), i32(Hkv), i32(dk),
+                        i32(dv), i32(dg), i32(beta_heads)), prep_smem, what=what + " [chunk prep]")
+        backend.launch(state, (ceil_div(dv, 32), Hkv, B), (256,),
+                       (q, k, v, gam, wm, u0, mqk, s_cur, out, state_out, i32(c0), i32(nch), i32(T), i32(Hq),
+                        i32(Hkv), i32(dk), i32(dv), i32(dg), i32(1 if delta else 0), f32(sc)),
+                       state_smem, what=what + " [chunk state]")
+        s_cur = state_out
+
+
+def run_options(kernel) -> dict:
+    """Extra run() arguments taken from the kernel's context options."""
+    return {"mode": kernel.ctx.option("linear_attention_mode", "auto")}
 
 
 @accelerated.register("LinearAttention")
 def linear_attention_cuda(kernel, **arguments):
-    mode = kernel.ctx.option("linear_attention_mode", "auto")
-    return run(backend_for(kernel), mode=mode, **arguments)
+    return run(backend_for(kernel), **arguments, **run_options(kernel))

@@ -235,6 +235,11 @@ class PreparedGraph:
                     for g in _graphs_of(attr):
                         for name in subgraph_free_names(g):
                             last_use[name] = i
+                # kernels that read enclosing values by name (Gradient) say which
+                reads = getattr(type(p.kernel), "scope_reads", None)
+                if reads is not None and self.graph is not None:
+                    for name in reads(p.node, self.graph):
+                        last_use[name] = i
             for name in p.outputs:
                 if name:
                     last_use.setdefault(name, i)  # produced but never read: drop at once
@@ -273,16 +278,17 @@ class PreparedGraph:
         return out
 
     def _run_node(self, p: PreparedNode, scope: Scope, observer) -> None:
+        local = scope.values
         args = []
         for name in p.inputs:
-            if not name:
-                args.append(None)
-                continue
-            try:
-                args.append(scope.lookup(name))
-            except KeyError:
-                raise ModelError(f"{p.describe()}: input {name!r} is not defined in {self.name} "
-                                 "or any enclosing scope") from None
+            v = local.get(name, _MISSING) if name else None
+            if v is _MISSING:
+                try:
+                    v = scope.lookup(name)
+                except KeyError:
+                    raise ModelError(f"{p.describe()}: input {name!r} is not defined in {self.name} "
+                                     "or any enclosing scope") from None
+            args.append(v)
         t0 = time.perf_counter() if observer is not None else 0.0
         try:
             if p.kernel is not None:

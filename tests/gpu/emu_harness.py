@@ -6,7 +6,7 @@ array-namespace path of the same kernel class.
 
 ``emulated(kernel_cls, backend)`` gives a CPU kernel instance whose ``cuda_path`` runs
 ``gpukernels.gpu.<op module>.run(backend, **arguments)`` -- the very arguments the kernel
-class passes on a GPU -- so the kernel's validation, the launch code and the .cu file are all
+class passes on a GPU (plus ``module.run_options(kernel)`` where defined) -- so the kernel's validation, the launch code and the .cu file are all
 exercised.  ``check_op`` runs both paths, insists that the CUDA path covered the case
 (unless ``expect_cuda=False``) and compares every output with ``gpukernels.gpu.parity``.
 """
@@ -27,7 +27,8 @@ def emulated(kernel_cls, backend, options=None):
     kernel.cuda_calls = []
 
     def cuda_path(**arguments):
-        result = module.run(backend, **arguments)
+        extra = module.run_options(kernel) if hasattr(module, "run_options") else {}
+        result = module.run(backend, **arguments, **extra)
         kernel.cuda_calls.append((arguments, result))
         return result
 

@@ -115,3 +115,70 @@ def test_la_empty_sequence(emu, rng):
     case = make_case(rng, "float32", "linear", T=0)
     got = _check(emu, case, "linear", 4, 2, "float32", ("T=0",))
     np.testing.assert_array_equal(got[1].numpy(), case[3])
+
+
+CHUNKED = {"linear_attention_mode": "chunked"}
+
+
+def _check_chunked(emu, case, rule, Hq, Hkv, dtype, tags, scale=0.0):
+    q, k, v, s0, decay, beta = case
+    attrs = dict(update_rule=rule, q_num_heads=Hq, kv_num_heads=Hkv, scale=scale)
+    r = RTOL.get(dtype)
+    got, _ = check_op(LinearAttention, emu, (q, k, v, s0, decay, beta), attrs, rtol=r, atol=r, tags=tags,
+                      options=CHUNKED)
+    dk = q.shape[2] // Hq
+    want_out, want_state = reference(q, k, v, s0, decay, beta, rule, Hq, Hkv, scale or 1 / math.sqrt(dk))
+    assert parity.compare(got[0].numpy(), want_out, got[0].data_type, r, r, what="output vs float64") is None
+    assert parity.compare(got[1].numpy(), want_state, got[1].data_type, r, r, what="state vs float64") is None
+
+
+@pytest.mark.parametrize("rule,per_key", [("linear", False), ("delta", False), ("gated", False), ("gated", True),
+                                           ("gated_delta", False), ("gated_delta", True)])
+def test_la_chunked_rules(emu, rng, rule, per_key):
+    case = make_case(rng, "float32", rule, B=1, T=70, Hq=4, Hkv=2, dk=8, dv=36, per_key=per_key)
+    _check_chunked(emu, case, rule, 4, 2, "float32",
+                   ("chunked", rule, "per-key decay" if per_key else "per-head decay", "T=70 (3 chunks)"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_la_chunked_half_types_no_past(emu, rng, dtype):
+    case = make_case(rng, dtype, "gated_delta", B=2, T=33, Hq=2, Hkv=1, dk=6, dv=8, beta_shared=True, past=False)
+    _check_chunked(emu, case, "gated_delta", 2, 1, dtype, ("chunked", dtype, "no past", "beta (B,T,1)"))
+
+
+def test_la_chunked_segments(emu, rng, monkeypatch):
+    # a tiny workspace forces one chunk per segment: the state crosses launches
+    monkeypatch.setattr(gpu_la, "WORKSPACE_BYTES", 1)
+    case = make_case(rng, "float32", "delta", B=1, T=65, Hq=1, Hkv=1, dk=4, dv=4)
+    _check_chunked(emu, case, "delta", 1, 1, "float32", ("chunked", "segmented workspace"))
+
+
+def test_la_auto_mode_picks_chunked_for_long_sequences(emu, rng):
+    case = make_case(rng, "float32", "gated", B=1, T=gpu_la.RECURRENT_MAX_T + 1, Hq=1, Hkv=1, dk=4, dv=8)
+    import emulator
+
+    before = sum(n for (s, e), n in emulator.LAUNCHES.items() if "chunk_state" in e)
+    _check(emu, case, "gated", 1, 1, "float32", ("auto -> chunked",))
+    assert sum(n for (s, e), n in emulator.LAUNCHES.items() if "chunk_state" in e) > before
+
+
+@pytest.mark.parametrize("expr", gpu_la.expressions())
+def test_la_every_instantiation_runs(emu, rng, expr):
+    import emulator
+
+    ctype = expr[expr.index("<") + 1:-1].split(",")[0].strip()
+    dtype = {"float": "float32", "__half": "float16", "__nv_bfloat16": "bfloat16"}[ctype]
+    if expr.startswith("gk_la_recurrent"):
+        R = int(expr[:-1].split(",")[1])
+        dk, T, opts = 4 * R - (1 if R > 1 else 0), 2, {"linear_attention_mode": "recurrent"}
+    else:
+        dk, T, opts = 12, 34, CHUNKED
+    case = make_case(rng, dtype, "gated_delta", B=1, T=T, Hq=2, Hkv=1, dk=dk, dv=8, per_key=True)
+    before = dict(emulator.LAUNCHES)
+    q, k, v, s0, decay, beta = case
+    r = RTOL.get(dtype)
+    check_op(LinearAttention, emu, (q, k, v, s0, decay, beta),
+             dict(update_rule="gated_delta", q_num_heads=2, kv_num_heads=1), rtol=r, atol=r, options=opts,
+             tags=("instantiation sweep",))
+    launched = {e for (src, e), n in emulator.LAUNCHES.items() if n != before.get((src, e), 0)}
+    assert expr in launched

@@ -14,10 +14,12 @@ from ..base import KernelBase, register
 
 
 def softmax_along(xp, x, axis: int):
+    """Softmax of x along axis in x's dtype (one temporary the size of x)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        m = xp.max(x, axis=axis, keepdims=True)
-        e = xp.exp(x - m)
-        return e / xp.sum(e, axis=axis, keepdims=True)
+        e = x - xp.max(x, axis=axis, keepdims=True)
+        xp.exp(e, out=e)
+        e /= xp.sum(e, axis=axis, keepdims=True)
+        return e
 
 
 def normalize_axis(kernel, axis: int, ndim: int, **inputs) -> int:

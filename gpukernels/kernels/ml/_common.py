@@ -153,23 +153,6 @@ def apply_post_transform(xp, scores, mode: str):
     return softmax_zero_rows(xp, scores)
 
 
-def binary_scores(xp, s, mode: str, kind: int):
-    """Two score columns from one score column s ([N]) in the binary case, as
-    onnxruntime writes them: kind 0/1 (all weights positive) gives [1 - s, s]; kind 2/3
-    (mixed weights) gives [-s, s], or [logistic(-s), logistic(s)] with LOGISTIC."""
-    if mode == "PROBIT":
-        p = probit(xp, s)
-        return xp.stack([-p, p], axis=-1)
-    if kind in (0, 1):
-        return xp.stack([1.0 - s, s], axis=-1)
-    if mode == "LOGISTIC":
-        return xp.stack([logistic(xp, -s), logistic(xp, s)], axis=-1)
-    if mode in ("SOFTMAX", "SOFTMAX_ZERO"):
-        pair = xp.stack([-s, s], axis=-1)
-        return apply_post_transform(xp, pair, mode)
-    return xp.stack([-s, s], axis=-1)
-
-
 # ------------------------------------------------------------------ lookups
 
 

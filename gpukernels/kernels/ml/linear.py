@@ -82,7 +82,7 @@ class LinearClassifier(KernelBase):
 @register(domain="ai.onnx.ml")
 class LinearRegressor(KernelBase):
     """Y = X @ W.T + intercepts, W = coefficients as [targets, F]; post_transform is
-    applied along the targets."""
+    applied along the targets, also for a single target (onnxruntime skips it there)."""
 
     def __call__(self, X, coefficients=None, intercepts=None, post_transform="NONE", targets=1):
         x = self.tensor(X, "X")

@@ -30,14 +30,14 @@ from ...dtypes import DataType
 from ...tensor import Tensor
 from ...xp import scatter_reduce
 from ..base import KernelBase, register
-from ._common import apply_post_transform, attr_array, given, label_output, logistic, parse_post_transform, \
+from ._common import apply_post_transform, attr_array, given, label_output, parse_post_transform, \
     str_list, to_str
 
 LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF = range(8)
 _MODE_NAMES = {"BRANCH_LEQ": LEQ, "BRANCH_LT": LT, "BRANCH_GTE": GTE, "BRANCH_GT": GT, "BRANCH_EQ": EQ,
                "BRANCH_NEQ": NEQ, "BRANCH_MEMBER": MEMBER, "LEAF": LEAF}
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
-_CHUNK = 1 << 21  # (sample, tree) pairs per evaluation chunk
+_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 22}  # (sample, tree) pairs per evaluation chunk
 
 
 @dataclass
@@ -87,16 +87,19 @@ class Forest:
 
     # ----------------------------------------------------------------- evaluation
     def leaves(self, xp, x):
-        """Leaf node reached by every (sample, tree) of x[chunk_rows]: [n, T]."""
-        n = x.shape[0]
+        """Leaf node reached by every (sample, tree) of x: [n, T]."""
+        n, f = x.shape
         t = self.roots.size
         dev = self._device_arrays(xp)
-        pos = xp.broadcast_to(dev["roots"][None, :], (n, t)).copy()
+        itype = dev["children"].dtype
+        pos = xp.broadcast_to(dev["roots"][None, :], (n, t)).astype(itype)
         modes_present = sorted(set(np.unique(self.mode[self.mode != LEAF]).tolist()))
         any_missing = bool(self.missing_true.any())
+        x_flat = x.reshape(-1)
+        row_base = (xp.arange(n, dtype=itype) * f)[:, None] if n * f < np.iinfo(itype).max else \
+            (xp.arange(n, dtype=np.int64) * f)[:, None]
         for _ in range(self.depth):
-            f = dev["feature"][pos]
-            v = xp.take_along_axis(x, f, axis=1)
+            v = x_flat[row_base + dev["feature"][pos]]
             thr = dev["threshold"][pos]
             if len(modes_present) == 1:
                 cond = self._compare(xp, modes_present[0], v, thr, pos, dev)
@@ -107,7 +110,8 @@ class Forest:
                     cond = xp.where(mode == md, self._compare(xp, md, v, thr, pos, dev), cond)
             if any_missing:
                 cond = cond | (dev["missing_true"][pos] & xp.isnan(v))
-            pos = xp.where(cond, dev["true_child"][pos], dev["false_child"][pos])
+            # children interleaved: [2i] true child, [2i + 1] false child
+            pos = dev["children"][2 * pos + (~cond).astype(itype)]
         return pos
 
     def _compare(self, xp, mode, v, thr, pos, dev):
@@ -151,12 +155,16 @@ class Forest:
             vals = vals[~np.isnan(vals)]
             codes.append(r * uniq.size + np.searchsorted(uniq, vals))
         codes = np.unique(np.concatenate(codes)) if codes else np.zeros(0, np.int64)
+        m = self.feature.size
+        itype = np.int32 if 2 * m + 2 < np.iinfo(np.int32).max else np.int64
+        children = np.empty(2 * m, dtype=itype)
+        children[0::2] = self.true_child
+        children[1::2] = self.false_child
         dev = {
-            "feature": xp.asarray(self.feature),
+            "children": xp.asarray(children),
+            "feature": xp.asarray(self.feature.astype(itype)),
             "threshold": xp.asarray(self.threshold),
             "mode": xp.asarray(self.mode),
-            "true_child": xp.asarray(self.true_child),
-            "false_child": xp.asarray(self.false_child),
             "missing_true": xp.asarray(self.missing_true),
             "roots": xp.asarray(self.roots),
             "member_rank": xp.asarray(rank),
@@ -167,15 +175,14 @@ class Forest:
         return dev
 
     def aggregate(self, xp, x, how: str):
-        """Per-target aggregate over the trees: (values [N, n_targets] float64,
-        has [N, n_targets] bool: whether any leaf contributed)."""
+        """Per-target aggregate over the trees: [N, n_targets] float64; a target no leaf
+        contributed to is 0."""
         n = x.shape[0]
         nt = self.n_targets
         t = max(self.roots.size, 1)
         out = xp.zeros((n, nt), dtype=np.float64)
-        has = xp.zeros((n, nt), dtype=bool)
         if n == 0 or nt == 0:
-            return out, has
+            return out
         # contributions grouped by leaf: slot k of leaf l is entry start[l] + k
         order = np.argsort(self.leaf_node, kind="stable")
         e_node = self.leaf_node[order]
@@ -185,34 +192,42 @@ class Forest:
         count = np.bincount(e_node, minlength=m).astype(np.int64)
         start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
         max_slots = int(count.max()) if count.size else 0
+        single = bool((count[self.mode == LEAF] == 1).all()) if max_slots == 1 else False
         count_d, start_d = xp.asarray(count), xp.asarray(start)
-        step = max(1, _CHUNK // t)
+        minmax = how in ("MIN", "MAX")
+        if minmax:
+            fill = np.inf if how == "MIN" else -np.inf
+            acc = xp.full(n * nt, fill)
+            hits = xp.zeros(n * nt, dtype=np.int64)
+        else:
+            acc = xp.zeros(n * nt)
+        step = max(1, _CHUNK["cpu" if xp is np else "cuda"] // t)
         for lo in range(0, n, step):
             hi = min(n, lo + step)
             pos = self.leaves(xp, x[lo:hi])
-            rows = xp.broadcast_to(xp.arange(lo, hi)[:, None], pos.shape)
-            cnt = count_d[pos]
+            rows = xp.arange(lo, hi, dtype=np.int64)[:, None] * nt
             for k in range(max_slots):
-                valid = cnt > k
-                if not bool(valid.any()):
-                    continue
-                e = (start_d[pos] + k)[valid]
-                flat = rows[valid] * nt + e_target[e]
-                w = e_weight[e]
-                hit = xp.bincount(flat, minlength=n * nt).reshape(n, nt) > 0
-                if how in ("SUM", "AVERAGE"):
-                    out += xp.bincount(flat, weights=w, minlength=n * nt).reshape(n, nt)
+                if single:  # every leaf has exactly one contribution: no masking
+                    e = start_d[pos].reshape(-1)
+                    flat = (rows + e_target[e].reshape(pos.shape)).reshape(-1)
                 else:
-                    fill = np.inf if how == "MIN" else -np.inf
-                    tmp = xp.full(n * nt, fill)
-                    scatter_reduce(xp, tmp, flat, w, "min" if how == "MIN" else "max")
-                    tmp = tmp.reshape(n, nt)
-                    red = xp.minimum if how == "MIN" else xp.maximum
-                    out = xp.where(has, red(out, tmp), xp.where(hit, tmp, out))
-                has = has | hit
+                    valid = count_d[pos] > k
+                    if not bool(valid.any()):
+                        continue
+                    e = (start_d[pos] + k)[valid]
+                    flat = xp.broadcast_to(rows, pos.shape)[valid] + e_target[e]
+                w = e_weight[e]
+                if minmax:
+                    scatter_reduce(xp, acc, flat, w, "min" if how == "MIN" else "max")
+                    hits += xp.bincount(flat, minlength=n * nt)
+                else:
+                    acc += xp.bincount(flat, weights=w, minlength=n * nt)
+        if minmax:
+            acc = xp.where(hits > 0, acc, 0.0)
+        out = acc.reshape(n, nt)
         if how == "AVERAGE":
             out = out / t
-        return out, has
+        return out
 
 
 def _check_features(kernel, forest: Forest, n_features: int, x):
@@ -363,7 +378,7 @@ class TreeEnsembleRegressor(KernelBase):
             raise self.error(f"base_values has {base.size} entries for {n_targets} targets", X=x)
         a, _ = _prepare_input(self, x, forest)
         xp = self.xp
-        y, _ = forest.aggregate(xp, a, agg)
+        y = forest.aggregate(xp, a, agg)
         if base.size:
             y = y + xp.asarray(base)
         y = apply_post_transform(xp, y, mode)
@@ -418,7 +433,7 @@ class TreeEnsembleClassifier(KernelBase):
             raise self.error(f"base_values has {base.size} entries for {n_classes} classes", X=x)
         a, _ = _prepare_input(self, x, forest)
         xp = self.xp
-        scores, _ = forest.aggregate(xp, a, "SUM")
+        scores = forest.aggregate(xp, a, "SUM")
         if binary:
             c = int(used[0])
             s = scores[:, c] + (base[c if base.size == 2 else 0] if base.size else 0.0)
@@ -466,7 +481,7 @@ class TreeEnsemble(KernelBase):
                               nodes_modes, nodes_splits, nodes_trueleafs, nodes_truenodeids, tree_roots)
         a, _ = _prepare_input(self, x, forest)
         xp = self.xp
-        y, _ = forest.aggregate(xp, a, agg)
+        y = forest.aggregate(xp, a, agg)
         y = apply_post_transform(xp, y, mode)
         return self.from_compute(y, x.data_type)
 

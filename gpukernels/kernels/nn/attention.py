@@ -248,8 +248,11 @@ class Attention(KernelBase):
             sdt = np.dtype(np.float64) if sp == int(DataType.DOUBLE) else \
                 (np.dtype(np.float32) if sp is not None else cdt)
             round_to = sp if sp in (int(DataType.FLOAT16), int(DataType.BFLOAT16)) else None
-            # contiguous operands: NumPy's batched matmul only reaches BLAS for them
-            Kt = xp.ascontiguousarray(Kc.transpose(0, 1, 3, 2))  # (B, Hkv, D, T)
+            # contiguous operands: NumPy's batched matmul only reaches BLAS for them.  With
+            # few query rows per KV head (decoding) K @ q^T avoids copying K^T.
+            few_rows = G * Sq <= 64
+            Kc = xp.ascontiguousarray(Kc)
+            Kt = None if few_rows else xp.ascontiguousarray(Kc.transpose(0, 1, 3, 2))  # (B, Hkv, D, T)
             Vc = xp.ascontiguousarray(Vc)
             budget = int(self.ctx.option("attention_block_bytes", _DEFAULT_BLOCK_BYTES))
             row_bytes = B * Hq * T * max(cdt.itemsize, sdt.itemsize) * 2
@@ -260,7 +263,11 @@ class Attention(KernelBase):
                 n = r1 - r0
                 qb = Qc[:, :, r0:r1] * scale  # (B, Hq, n, D)
                 qb = qb.reshape(B, Hkv, G * n, D)
-                s = xp.matmul(qb, Kt).reshape(B, Hq, n, T)
+                if Kt is None:
+                    s = xp.matmul(Kc, xp.ascontiguousarray(qb.transpose(0, 1, 3, 2)))  # (B, Hkv, T, G*n)
+                    s = xp.ascontiguousarray(s.transpose(0, 1, 3, 2)).reshape(B, Hq, n, T)
+                else:
+                    s = xp.matmul(qb, Kt).reshape(B, Hq, n, T)
                 if want_qk and mode == 0:
                     qk_out[:, :, r0:r1] = s
                 if p["softcap"] > 0:

@@ -221,19 +221,96 @@ class LayerNormalization(KernelBase):
             _unidirectional(self, b, x, "B")
         sdt, stype = _stash_dtype(self, stash_type, X=x)
         xp = self.xp
+        cdt = np.dtype(np.float64 if x.data_type == DataType.DOUBLE else np.float32)
         xs = self.to_compute(x, sdt)
-        axes = tuple(range(ax, x.ndim))
-        mean, d, var = _moments(xp, xs, axes)
-        inv = 1.0 / xp.sqrt(var + sdt.type(epsilon))
-        normalized = d * inv
-        cdt = np.float64 if x.data_type == DataType.DOUBLE else np.float32
-        y = normalized.astype(cdt, copy=False) * self.to_compute(s, cdt)
-        if not b.is_absent:
-            y = y + self.to_compute(b, cdt)
+        lead = x.shape[:ax]
+        stat_shape = tuple(lead) + (1,) * (x.ndim - ax)
+        fast = _rows_fast_path(self, sdt, cdt, x.shape[ax:], s, b)
+        if fast is not None:
+            s_flat, b_flat = fast
+            y, mean, inv = _normalize_rows(xp, xs.reshape(-1, _prod(x.shape[ax:])), float(epsilon), s_flat,
+                                           b_flat, center=True)
+            y = y.reshape(x.shape)
+            mean = mean.reshape(stat_shape)
+            inv = inv.reshape(stat_shape)
+        else:
+            axes = tuple(range(ax, x.ndim))
+            mean, d, var = _moments(xp, xs, axes)
+            inv = 1.0 / xp.sqrt(var + sdt.type(epsilon))
+            y = (d * inv).astype(cdt, copy=False) * self.to_compute(s, cdt)
+            if not b.is_absent:
+                y = y + self.to_compute(b, cdt)
         out = self.from_compute(y, x.data_type)
         mean_t = self.from_compute(mean, stype) if self.wants_output(1) else None
         inv_t = self.from_compute(inv, stype) if self.wants_output(2) else None
         return self.Result(out, mean_t, inv_t)
+
+
+_ROW_BLOCK_BYTES = 256 * 1024
+
+
+def _prod(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _flat_param(kernel, t, norm_shape, dtype):
+    """t (broadcastable to X) as a flat (prod(norm_shape),) array when it varies only
+    over the normalised axes, else None."""
+    shape = list(t.shape)
+    while len(shape) > len(norm_shape) and shape[0] == 1:
+        shape.pop(0)
+    if len(shape) > len(norm_shape):
+        return None
+    a = kernel.to_compute(t, dtype).reshape(shape)
+    xp = kernel.xp
+    return xp.ascontiguousarray(xp.broadcast_to(a, tuple(norm_shape))).reshape(-1)
+
+
+def _rows_fast_path(kernel, sdt, cdt, norm_shape, s, b):
+    """(scale, bias) flat for the row-blocked path, or None when it does not apply
+    (stage one and two in different precisions, or parameters varying over leading axes)."""
+    if sdt != cdt:
+        return None
+    s_flat = _flat_param(kernel, s, norm_shape, cdt)
+    if s_flat is None:
+        return None
+    b_flat = None
+    if b is not None and not b.is_absent:
+        b_flat = _flat_param(kernel, b, norm_shape, cdt)
+        if b_flat is None:
+            return None
+    return s_flat, b_flat
+
+
+def _normalize_rows(xp, x2, eps, s_flat, b_flat, center):
+    """Row-wise normalisation of x2 (R, D) in blocks of rows that fit in cache (one block
+    on a GPU): y = (x - mean) * invstd * s + b (center) or x * rsqrt(mean(x^2) + eps) * s.
+    Returns y (R, D), mean (R,) (None when not centering) and the inverse (R,)."""
+    R, D = x2.shape
+    dt = x2.dtype
+    y = xp.empty((R, D), dtype=dt)
+    mean_all = xp.empty((R,), dtype=dt) if center else None
+    inv_all = xp.empty((R,), dtype=dt)
+    step = max(1, _ROW_BLOCK_BYTES // max(1, D * dt.itemsize)) if xp is np else max(R, 1)
+    inv_d = dt.type(1.0 / D) if D else dt.type(0)
+    for a in range(0, R, step):
+        b = min(R, a + step)
+        xc = x2[a:b]
+        yb = y[a:b]  # every step works in place on the output block (no temporaries)
+        if center:
+            m = xp.add.reduce(xc, axis=1) * inv_d
+            xp.subtract(xc, m[:, None], out=yb)
+            mean_all[a:b] = m
+        else:
+            yb[...] = xc
+        var = xp.einsum("ij,ij->i", yb, yb) * inv_d
+        iv = 1.0 / xp.sqrt(var + dt.type(eps))
+        inv_all[a:b] = iv
+        xp.multiply(yb, iv[:, None], out=yb)
+        xp.multiply(yb, s_flat, out=yb)
+        if b_flat is not None:
+            xp.add(yb, b_flat, out=yb)
+    return y, mean_all, inv_all
 
 
 @register()
@@ -301,9 +378,15 @@ class RMSNormalization(KernelBase):
         sdt, _ = _stash_dtype(self, stash_type, X=x)
         xp = self.xp
         xs = self.to_compute(x, sdt)
+        cdt = np.dtype(np.float64 if x.data_type == DataType.DOUBLE or s.data_type == DataType.DOUBLE
+                       else np.float32)
+        fast = _rows_fast_path(self, sdt, cdt, x.shape[ax:], s, None)
+        if fast is not None:
+            y, _, _ = _normalize_rows(xp, xs.reshape(-1, _prod(x.shape[ax:])), float(epsilon), fast[0], None,
+                                      center=False)
+            return self.from_compute(y.reshape(x.shape), x.data_type)
         ms = xp.mean(xs * xs, axis=tuple(range(ax, x.ndim)), keepdims=True)
         normalized = xs / xp.sqrt(ms + sdt.type(epsilon))
-        cdt = np.float64 if x.data_type == DataType.DOUBLE or s.data_type == DataType.DOUBLE else np.float32
         y = normalized.astype(cdt, copy=False) * self.to_compute(s, cdt)
         return self.from_compute(y, x.data_type)
 

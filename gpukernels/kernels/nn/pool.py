@@ -281,7 +281,11 @@ class LpPool(KernelBase):
 @register()
 class MaxPool(KernelBase):
     """ONNX MaxPool (opsets 1, 8, 10, 11, 12, 22), with the Indices output from opset 8
-    and int8/uint8 from opset 12.  Indices are computed only when requested."""
+    and int8/uint8 from opset 12.
+
+    ``__call__`` computes Indices only when the caller declares output 1
+    (``requested_outputs``, which the runtime sets for nodes with several outputs);
+    otherwise Result.Indices is None.  ``with_indices`` always returns both."""
 
     class Result(NamedTuple):
         Y: Tensor
@@ -291,7 +295,8 @@ class MaxPool(KernelBase):
                  storage_order=0, strides=None):
         x = self.tensor(X, "X")
         self.check_inputs(x)
-        want_indices = self.since_version >= 8 and self.wants_output(1)
+        r = self.requested_outputs
+        want_indices = self.since_version >= 8 and r is not None and len(r) > 1 and bool(r[1])
         return self._run(x, want_indices, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
                          kernel_shape=kernel_shape, pads=pads, storage_order=storage_order, strides=strides)
 

@@ -165,7 +165,8 @@ def _svc_attrs(rng, k, kernel, proba, strings=False):
     else:
         attrs["classlabels_ints"] = list(range(10, 10 + k))
     if proba:
-        attrs.update(prob_a=(-np.abs(rng.standard_normal(npairs))).tolist(), prob_b=rng.standard_normal(npairs).tolist())
+        attrs.update(prob_a=(-np.abs(rng.standard_normal(npairs))).tolist(),
+                     prob_b=rng.standard_normal(npairs).tolist())
     return attrs
 
 

@@ -159,7 +159,7 @@ def test_tree_ensemble_membership_and_single_leaf_tree(device):
 
 
 def test_chunking_and_deep_trees(device, rng, monkeypatch):
-    monkeypatch.setattr(tree_mod, "_CHUNK", 64)
+    monkeypatch.setattr(tree_mod, "_CHUNK", {"cpu": 64, "cuda": 64})
     trees = random_forest(rng, 9, 6, 2, max_depth=9, modes=("BRANCH_LT", "BRANCH_GTE"))
     x = inputs(rng, 101, 6)
     attrs = legacy_attrs(trees)

@@ -6,7 +6,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gpukernels.dtypes import DataType
 from gpukernels.errors import KernelInputError, KernelTypeError
 from gpukernels.kernels import KernelContext
 from gpukernels.kernels.nn.attention import Attention

@@ -109,6 +109,7 @@ def test_average_pool(device, rng, shape, attrs, include_pad):
 def test_max_pool_with_indices(device, rng, shape, attrs, storage_order):
     x = rng.standard_normal(shape).astype(np.float32)
     k = MaxPool(KernelContext(device))
+    k.requested_outputs = (True, True)  # as the runtime does for a node declaring Indices
     res = k(x, storage_order=storage_order, **attrs)
     want, want_idx = ref_pool(x, "max", storage_order=storage_order, **_ref_attrs(attrs, shape))
     np.testing.assert_array_equal(res.Y.numpy(), want.astype(np.float32))
@@ -119,9 +120,11 @@ def test_max_pool_with_indices(device, rng, shape, attrs, storage_order):
 
 def test_max_pool_indices_only_when_requested(rng):
     k = MaxPool()
-    k.requested_outputs = (True, False)
-    res = k(rng.standard_normal((1, 1, 4, 4)).astype(np.float32), kernel_shape=[2, 2])
+    x = rng.standard_normal((1, 1, 4, 4)).astype(np.float32)
+    res = k(x, kernel_shape=[2, 2])  # a direct call: Y only
     assert res.Indices is None and res.Y.shape == (1, 1, 3, 3)
+    k.requested_outputs = (True, False)
+    assert k(x, kernel_shape=[2, 2]).Indices is None
     assert k.with_indices(np.ones((1, 1, 2, 2), np.float32), kernel_shape=[2, 2]).Indices is not None
 
 
@@ -136,7 +139,7 @@ def test_max_pool_int8(device, rng, dtype):
     info = np.iinfo(dtype)
     x = rng.integers(info.min, info.max + 1, size=(2, 2, 5, 5)).astype(dtype)
     x[0, 0] = info.min  # a window of minimum values next to padding: padding must not win
-    res = MaxPool(KernelContext(device))(x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    res = MaxPool(KernelContext(device)).with_indices(x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
     want, want_idx = ref_pool(x, "max", [3, 3], [2, 2], [1, 1, 1, 1])
     assert res.Y.numpy().dtype == dtype
     np.testing.assert_array_equal(res.Y.numpy(), want.astype(dtype))
@@ -168,7 +171,7 @@ def test_pool_auto_pad(device, rng, mode, ceil_mode):
         out = [4, 2]
     avg = AveragePool(KernelContext(device))(x, **attrs).numpy()
     np.testing.assert_allclose(avg, ref_pool(x, "avg", K, strides, pads, out=out)[0], rtol=1e-5, atol=1e-6)
-    res = MaxPool(KernelContext(device))(x, **attrs)
+    res = MaxPool(KernelContext(device)).with_indices(x, **attrs)
     want, idx = ref_pool(x, "max", K, strides, pads, out=out)
     np.testing.assert_array_equal(res.Y.numpy(), want.astype(np.float32))
     np.testing.assert_array_equal(res.Indices.numpy(), idx)

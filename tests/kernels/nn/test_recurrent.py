@@ -29,7 +29,7 @@ PARAMS = {"affine": (1, 1, 1.0, 0.0), "leakyrelu": (1, 0, 0.01, None), "threshol
 
 
 def make_acts(names, alphas, betas):
-    alphas, betas = list(alphas or []), list(betas or []),
+    alphas, betas = list(alphas or []), list(betas or [])
     out = []
     for n in names:
         na, nb, da, db = PARAMS.get(n.lower(), (0, 0, None, None))

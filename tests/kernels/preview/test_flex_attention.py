@@ -57,8 +57,10 @@ def _causal_graph():
         helper.make_node("Greater", ["cols", "rows2"], ["future"]),
         helper.make_node("Where", ["future", "ninf", "s"], ["o"]),
     ]
-    inits = [helper.make_tensor("i2", TensorProto.INT64, [], [2]), helper.make_tensor("i3", TensorProto.INT64, [], [3]),
-             helper.make_tensor("zero", TensorProto.INT64, [], [0]), helper.make_tensor("one", TensorProto.INT64, [], [1]),
+    inits = [helper.make_tensor("i2", TensorProto.INT64, [], [2]),
+             helper.make_tensor("i3", TensorProto.INT64, [], [3]),
+             helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+             helper.make_tensor("one", TensorProto.INT64, [], [1]),
              helper.make_tensor("ax1", TensorProto.INT64, [1], [1]),
              helper.make_tensor("ninf", TensorProto.FLOAT, [], [-np.inf])]
     return helper.make_graph(nodes, "causal", [helper.make_tensor_value_info("s", TensorProto.FLOAT, None)],

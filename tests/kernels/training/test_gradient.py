@@ -178,8 +178,6 @@ def test_gradient_through_the_backend():
     assert float(out[1]) == 4.0 and float(out[2]) == 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="the runtime frees 'k' after its last use as a node input; it must keep "
-                                       "Gradient.scope_reads(node, graph) alive until the Gradient node runs")
 def test_gradient_reads_graph_inputs_and_initializers_through_the_backend(rng):
     import gpukernels.backend as backend
 
