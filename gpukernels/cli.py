@@ -174,11 +174,9 @@ def cmd_info(args) -> int:
 
     load_all()
     status = cuda_status()
-    try:
-        from .gpu.loader import cache_dir  # provided by the CUDA loader
-        cache = str(cache_dir())
-    except Exception:
-        cache = "n/a (CUDA loader not available)"
+    from .gpu import cache_dir
+
+    cache = cache_dir()
     info = {
         "gpukernels": __version__, "python": sys.version.split()[0], "numpy": np.__version__,
         "onnx": onnx.__version__, "onnx_opset": onnx.defs.onnx_opset_version(),

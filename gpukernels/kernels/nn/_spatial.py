@@ -131,15 +131,22 @@ def padded_block(xp, x, lo, hi, value=0):
     if all(0 <= a and b <= s for a, b, s in zip(lo, hi, spatial)):
         return x[(slice(None),) * lead + tuple(slice(a, b) for a, b in zip(lo, hi))]
     shape = x.shape[:lead] + tuple(b - a for a, b in zip(lo, hi))
-    out = xp.full(shape, value, dtype=x.dtype) if value != 0 else xp.zeros(shape, dtype=x.dtype)
     src, dst = [], []
     for a, b, s in zip(lo, hi, spatial):
         s0, s1 = max(a, 0), min(b, s)
         if s1 <= s0:
-            return out
+            return xp.full(shape, value, dtype=x.dtype) if value != 0 else xp.zeros(shape, dtype=x.dtype)
         src.append(slice(s0, s1))
         dst.append(slice(s0 - a, s1 - a))
+    # fill only the border slabs, copy the interior once
+    out = xp.empty(shape, dtype=x.dtype)
     out[(slice(None),) * lead + tuple(dst)] = x[(slice(None),) * lead + tuple(src)]
+    for i in range(n):
+        before = (slice(None),) * (lead + i)
+        if dst[i].start > 0:
+            out[before + (slice(0, dst[i].start),)] = value
+        if dst[i].stop < shape[lead + i]:
+            out[before + (slice(dst[i].stop, None),)] = value
     return out
 
 

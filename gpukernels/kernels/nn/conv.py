@@ -7,10 +7,13 @@ Paths (all on the array namespace, so they run on NumPy and CuPy alike):
 * depthwise (group == C, one input channel per group): a loop over kernel taps, each a
   fused multiply-add of a strided slice, over channel blocks small enough to stay in cache.
 * everything else: im2col through a strided window view (no Python loop over pixels),
-  copied into a column buffer of at most 256 MiB per chunk (chunks over the batch, and
-  over output rows when one image alone is larger), then one batched matmul
+  copied into a column buffer, then one batched matmul
   (group, M/group, C/group*k) @ (chunk, group, C/group*k, pixels) that lands directly in
-  NCHW order.
+  NCHW order.  Workspace: the column buffer is built per chunk -- over the batch, and
+  over output rows when one image alone is larger -- of at most 256 MiB on a GPU and
+  8 MiB on the CPU (where a cache-sized buffer makes the copy and the matmul faster);
+  the zero padding is applied per chunk too (only the rows a chunk reads), so the
+  scratch never exceeds the bound plus one padded row block, whatever the input size.
 
 Half types (float16, bfloat16) are computed in float32 and rounded once; double stays
 double.  On a GPU the hand-written CUDA kernel (gpukernels.gpu.conv) is tried first.

@@ -298,7 +298,7 @@ def _normalize_rows(xp, x2, eps, s_flat, b_flat, center):
         xc = x2[a:b]
         yb = y[a:b]  # every step works in place on the output block (no temporaries)
         if center:
-            m = xp.add.reduce(xc, axis=1) * inv_d
+            m = xc.sum(axis=1) * inv_d
             xp.subtract(xc, m[:, None], out=yb)
             mean_all[a:b] = m
         else:

@@ -142,32 +142,26 @@ def pool_reduce(xp, x, geo, kind, p=2.0, include_pad=False):
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
     else:
         fill = 0
-    taps = sp.taps(geo.kernel)
     for a, b, block in _blocks(xp, x2, geo, fill):
-        acc = out[a:b]
-        tmp = None
-        for t, tap in enumerate(taps):
-            sl = _tap_view(block, geo, tap)
-            if kind == "max":
-                if t == 0:
+        if kind == "lp":
+            block = xp.abs(block) if p == 1 else (block * block if p == 2 else xp.power(xp.abs(block), p))
+        # box windows are separable: reduce one spatial axis at a time
+        cur = block
+        for d in range(n_sp):
+            last = d == n_sp - 1
+            lead = (slice(None),) * (1 + d)
+            acc = None
+            for k in range(geo.kernel[d]):
+                start = k * geo.dilations[d]
+                sl = cur[lead + (slice(start, start + geo.strides[d] * (geo.out[d] - 1) + 1, geo.strides[d]),)]
+                if acc is None:
+                    acc = out[a:b] if last else xp.empty(sl.shape, dtype=x.dtype)
                     acc[...] = sl
-                else:
+                elif kind == "max":
                     xp.maximum(acc, sl, out=acc)
-            else:
-                if kind == "lp":
-                    if tmp is None:
-                        tmp = xp.empty_like(acc)
-                    if p == 2:
-                        xp.multiply(sl, sl, out=tmp)
-                    elif p == 1:
-                        xp.abs(sl, out=tmp)
-                    else:
-                        xp.power(xp.abs(sl), p, out=tmp)
-                    sl = tmp
-                if t == 0:
-                    acc[...] = sl
                 else:
                     xp.add(acc, sl, out=acc)
+            cur = acc
     if kind == "avg":
         counts = _window_counts(geo, S, include_pad)
         div = _outer(xp, counts, x.dtype)
@@ -325,10 +319,17 @@ class MaxPool(KernelBase):
 
 @register()
 class MaxUnpool(KernelBase):
-    """ONNX MaxUnpool (opsets 9, 11, 22): output.flat[I] = X, zeros elsewhere.  Without
-    output_shape the output spatial size is (in - 1) * stride + kernel - pads_begin -
-    pads_end.  output_shape is the full shape (N, C, ...).  Indices must lie in
-    [0, prod(output shape)); for repeated indices the last one in row-major order wins."""
+    """ONNX MaxUnpool (opsets 9, 11, 22): unpooled.flat[I] = X, zeros elsewhere, where the
+    unpooled spatial size is (in - 1) * stride + kernel - pads_begin - pads_end and the
+    indices are flat positions in that unpadded tensor (N and C included), as the spec
+    says ("the linear indices should not consider padding").
+
+    output_shape (full (N, C, ...) or spatial only) replaces the pads: the spec says pads
+    are then auto-generated, and its official example places the unpooled tensor at the
+    start of each axis with the extra rows/columns after it, which is what we do (ORT
+    instead reads the indices as positions in output_shape).  An output_shape smaller
+    than the unpooled size raises.  Indices must lie in [0, prod(unpooled shape)); for
+    repeated indices the last one in row-major order wins."""
 
     def __call__(self, X, I, output_shape=None, kernel_shape=None, pads=None, strides=None):
         x = self.tensor(X, "X")
@@ -345,19 +346,23 @@ class MaxUnpool(KernelBase):
         K = sp.int_list(self, "kernel_shape", kernel_shape, n_sp, 1, minimum=1, X=x)
         strides = sp.int_list(self, "strides", strides, n_sp, 1, minimum=1, X=x)
         pads = sp.explicit_pads(self, pads, n_sp, X=x)
+        final_shape = None
         if not osh.is_absent:
-            shape = [int(v) for v in np.asarray(osh.numpy()).reshape(-1)]
-            if len(shape) == n_sp:
-                shape = list(x.shape[:2]) + shape
-            if len(shape) != x.ndim or shape[:2] != list(x.shape[:2]) or any(v < 0 for v in shape):
-                raise self.error(f"output_shape {shape} must be [N, C, ...] of rank {x.ndim} with "
+            final_shape = [int(v) for v in np.asarray(osh.numpy()).reshape(-1)]
+            if len(final_shape) == n_sp:
+                final_shape = list(x.shape[:2]) + final_shape
+            if len(final_shape) != x.ndim or final_shape[:2] != list(x.shape[:2]) or any(v < 0 for v in final_shape):
+                raise self.error(f"output_shape {final_shape} must be [N, C, ...] of rank {x.ndim} with "
                                  f"N, C = {list(x.shape[:2])}", X=x, output_shape=osh)
-        else:
-            spatial = [(x.shape[2 + d] - 1) * strides[d] + K[d] - pads[d] - pads[d + n_sp]
-                       for d in range(n_sp)]
-            if any(v < 0 for v in spatial):
-                raise self.error(f"pads {pads} leave a negative output size {spatial}", X=x)
-            shape = list(x.shape[:2]) + spatial
+            pads = [0] * (2 * n_sp)  # replaced by the auto-generated padding
+        spatial = [(x.shape[2 + d] - 1) * strides[d] + K[d] - pads[d] - pads[d + n_sp]
+                   for d in range(n_sp)]
+        if any(v < 0 for v in spatial):
+            raise self.error(f"pads {pads} leave a negative output size {spatial}", X=x)
+        shape = list(x.shape[:2]) + spatial
+        if final_shape is not None and any(f < u for f, u in zip(final_shape[2:], spatial)):
+            raise self.error(f"output_shape {final_shape} is smaller than the unpooled size {shape}",
+                             X=x, output_shape=osh)
         xp = self.xp
         total = sp.prod(shape)
         flat_idx = i.array.reshape(-1)
@@ -371,7 +376,12 @@ class MaxUnpool(KernelBase):
         from ...xp import scatter_assign_last_wins
 
         scatter_assign_last_wins(xp, out, flat_idx, storage.reshape(-1))
-        return self.result(out.reshape(shape), x.data_type)
+        out = out.reshape(shape)
+        if final_shape is not None and final_shape != shape:
+            padded = xp.zeros(final_shape, dtype=storage.dtype)
+            padded[tuple(slice(0, u) for u in shape)] = out
+            out = padded
+        return self.result(out, x.data_type)
 
 
 @register()

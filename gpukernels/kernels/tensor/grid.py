@@ -135,8 +135,9 @@ class GridSample(KernelBase):
             src = x.array if mode == "nearest" else x.array.astype(np.float64)
         else:
             src = self.to_compute(x)
-        xt = xp.ascontiguousarray(src.reshape(N, C, -1).transpose(0, 2, 1))  # (N, P, C)
-        bidx = xp.arange(N)[:, None]
+        P = product(S)
+        xt = xp.ascontiguousarray(src.reshape(N, C, P).transpose(0, 2, 1)).reshape(N * P, C)  # rows of C
+        boff = (xp.arange(N, dtype=xp.int64) * P)[:, None]
         acc = None
         for combo in itertools.product(*taps_per_axis):
             lin = None
@@ -149,7 +150,7 @@ class GridSample(KernelBase):
                     weight = w if weight is None else weight * w
                 if v is not None:
                     valid = v if valid is None else valid & v
-            vals = xt[bidx, lin]  # (N, M, C)
+            vals = xp.take(xt, (lin + boff).reshape(-1), axis=0).reshape(N, M, C)
             if mode == "nearest":
                 if valid is not None:
                     zero = "" if info.kind == "string" else 0
@@ -160,7 +161,10 @@ class GridSample(KernelBase):
             if valid is not None:
                 weight = xp.where(valid, weight, 0)
             term = vals * weight[..., None].astype(work)
-            acc = term if acc is None else acc + term
+            if acc is None:
+                acc = term
+            else:
+                acc += term
         res = xp.ascontiguousarray(acc.transpose(0, 2, 1)).reshape(out_shape)
         if mode == "nearest":
             return Tensor.wrap(res, x.data_type)

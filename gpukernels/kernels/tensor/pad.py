@@ -97,11 +97,20 @@ class Pad(KernelBase):
         for i, (b, a) in enumerate(zip(before, after)):
             if (b or a) and arr.shape[i] == 0:
                 raise self.error(f"mode {mode!r} cannot pad the empty axis {i}", data=x)
-        out = arr
+        # copy the centre once, then fill each padded axis' two border bands from the
+        # positions its index map names (axes done earlier are already complete there)
+        out = xp.empty(out_shape, dtype=arr.dtype)
+        out[tuple(slice(b, b + n) for b, n in zip(before, arr.shape))] = arr
         for i, (b, a) in enumerate(zip(before, after)):
-            if b or a:
-                idx = pad_index(out.shape[i], b, a, mode)
-                out = xp.take(out, xp.asarray(idx), axis=i)
+            if not (b or a):
+                continue
+            n = arr.shape[i]
+            src = pad_index(n, b, a, mode) + b  # positions in out along axis i
+            lead = (slice(None),) * i
+            if b:
+                out[lead + (slice(0, b),)] = xp.take(out, xp.asarray(src[:b]), axis=i)
+            if a:
+                out[lead + (slice(b + n, b + n + a),)] = xp.take(out, xp.asarray(src[b + n:]), axis=i)
         return out
 
     def _fill_value(self, x: Tensor, fill, xp):

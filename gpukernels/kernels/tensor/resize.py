@@ -90,9 +90,10 @@ def _cubic(d: np.ndarray, a: float) -> np.ndarray:
     return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
 
 
-def weight_matrix(x: np.ndarray, n_in: int, mode: str, scale: float, antialias: bool,
-                  cubic_a: float, exclude_outside: bool) -> np.ndarray:
-    """Dense (n_out, n_in) float64 interpolation weights for source coordinates x."""
+def tap_weights(x: np.ndarray, n_in: int, mode: str, scale: float, antialias: bool, cubic_a: float,
+                exclude_outside: bool):
+    """Per output position: input indices (n_out, taps) clamped into range (edge
+    repetition) and their float64 weights."""
     s = min(scale, 1.0) if antialias else 1.0
     support = 1.0 if mode == "linear" else 2.0
     start = int(math.floor(-support / s) + 1)
@@ -110,11 +111,37 @@ def weight_matrix(x: np.ndarray, n_in: int, mode: str, scale: float, antialias: 
         w = np.where((pos < 0) | (pos > n_in - 1), 0.0, w)
         total = w.sum(axis=1, keepdims=True)
         w = w / np.where(total == 0, 1.0, total)
-    idx = np.clip(pos, 0, n_in - 1).astype(np.int64)
-    m = np.zeros((x.size, n_in), dtype=np.float64)
-    rows = np.broadcast_to(np.arange(x.size)[:, None], idx.shape)
-    np.add.at(m, (rows, idx), w)
-    return m
+    return np.clip(pos, 0, n_in - 1).astype(np.int64), w
+
+
+def apply_axis(xp, arr, axis: int, idx: np.ndarray, w: np.ndarray, work):
+    """Interpolate arr along axis: sparse taps (gather + weighted sum) when the kernel is
+    narrow against the input, one dense matmul otherwise."""
+    n_out, n_taps = idx.shape
+    n_in = arr.shape[axis]
+    if n_taps * 16 <= n_in:
+        shape = [1] * arr.ndim
+        shape[axis] = n_out
+        res = None
+        for j in range(n_taps):
+            g = xp.take(arr, xp.asarray(idx[:, j]), axis=axis)
+            wj = xp.asarray(w[:, j].astype(work).reshape(shape))
+            if res is None:
+                res = g * wj
+            else:
+                res += g * wj
+        return res
+    m = np.zeros((n_out, n_in), dtype=np.float64)
+    np.add.at(m, (np.broadcast_to(np.arange(n_out)[:, None], idx.shape), idx), w)
+    wd = xp.asarray(m.astype(work))
+    lead, trail = product(arr.shape[:axis]), product(arr.shape[axis + 1:])
+    if trail == 1:
+        res = arr.reshape(lead, n_in) @ wd.T
+    else:
+        res = xp.matmul(wd, arr.reshape(lead, n_in, trail))
+    shape = list(arr.shape)
+    shape[axis] = n_out
+    return res.reshape(shape)
 
 
 class _ResizeCore(KernelBase):
@@ -154,17 +181,9 @@ class _ResizeCore(KernelBase):
             if mode == "nearest":
                 arr = xp.take(arr, xp.asarray(nearest_index(src, n_in, nearest_mode)), axis=a)
                 continue
-            w = weight_matrix(src, n_in, mode, scales[k], bool(antialias), float(cubic_coeff_a),
-                              bool(exclude_outside))
-            wd = xp.asarray(w.astype(work))
-            lead, trail = product(arr.shape[:a]), product(arr.shape[a + 1:])
-            if trail == 1:
-                res = arr.reshape(lead, n_in) @ wd.T
-            else:
-                res = xp.matmul(wd, arr.reshape(lead, n_in, trail))
-            shape = list(arr.shape)
-            shape[a] = n_out
-            arr = res.reshape(shape)
+            idx, w = tap_weights(src, n_in, mode, scales[k], bool(antialias), float(cubic_coeff_a),
+                                 bool(exclude_outside))
+            arr = apply_axis(xp, arr, a, idx, w, work)
         if extra_masks:
             mask = None
             for a, e in extra_masks:

@@ -239,20 +239,23 @@ def test_global_pools_half(device, rng):
 
 
 def test_max_unpool_roundtrip(device, rng):
-    x = (np.abs(rng.standard_normal((2, 3, 6, 5))) + 0.1).astype(np.float32)  # > 0: zeros never win
+    x = (np.abs(rng.standard_normal((2, 3, 6, 4))) + 0.1).astype(np.float32)  # > 0: zeros never win
     pool = MaxPool(KernelContext(device)).with_indices(x, kernel_shape=[2, 2], strides=[2, 2])
     k = MaxUnpool(KernelContext(device))
-    # without output_shape the output would be 6x4, too small for the 6x5 input's indices
-    with pytest.raises(KernelInputError, match="indices must lie"):
-        k(pool.Y, pool.Indices, kernel_shape=[2, 2], strides=[2, 2])
-    want = np.zeros(2 * 3 * 6 * 5, np.float32)
+    y = k(pool.Y, pool.Indices, kernel_shape=[2, 2], strides=[2, 2]).numpy()
+    want = np.zeros(x.size, np.float32)
     want[pool.Indices.numpy().reshape(-1)] = pool.Y.numpy().reshape(-1)
-    # with output_shape the original input layout is restored exactly
-    y2 = k(pool.Y, pool.Indices, np.array(x.shape), kernel_shape=[2, 2], strides=[2, 2]).numpy()
-    np.testing.assert_array_equal(y2.reshape(-1), want)
+    np.testing.assert_array_equal(y.reshape(-1), want)
     # unpooled then pooled again gives back the pooled values
-    again = MaxPool(KernelContext(device))(y2, kernel_shape=[2, 2], strides=[2, 2]).Y.numpy()
+    again = MaxPool(KernelContext(device))(y, kernel_shape=[2, 2], strides=[2, 2]).Y.numpy()
     np.testing.assert_array_equal(again, pool.Y.numpy())
+    # output_shape larger than the unpooled size pads after it (the spec's example)
+    big = k(pool.Y, pool.Indices, np.array([2, 3, 7, 5]), kernel_shape=[2, 2], strides=[2, 2]).numpy()
+    assert big.shape == (2, 3, 7, 5)
+    np.testing.assert_array_equal(big[:, :, :6, :4], y)
+    assert not big[:, :, 6:, :].any() and not big[:, :, :, 4:].any()
+    with pytest.raises(KernelInputError, match="smaller than the unpooled size"):
+        k(pool.Y, pool.Indices, np.array([2, 3, 5, 4]), kernel_shape=[2, 2], strides=[2, 2])
 
 
 def test_max_unpool_default_shape_and_errors(device):

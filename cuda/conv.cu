@@ -1,0 +1,335 @@
+// conv.cu -- ONNX Conv (NCHW, 1-D/2-D/3-D) as an implicit GEMM, and a direct kernel for
+// depthwise convolutions.
+//
+// Per group g, Y[n, g*Mg + m, o] = sum_kk W[g*Mg + m, kk] * X_col[kk, (n, o)] (+ B[m]): a GEMM
+// of Mg rows (output channels), Npix = N * prod(O) columns (output pixels) and
+// Kg = Cg * KD * KH * KW reduction steps.  The im2col matrix X_col is never stored: each
+// block gathers its (BK x BN) tile straight from X, using a small table built by the host,
+// tab[kk] = (c, kd * dil_d, kh * dil_h, kw * dil_w), so that the reduction index needs no
+// division in the kernel.  Spatial dims are always 3 (1-D and 2-D pad with size-1 dims).
+//
+//   gk_conv_simt<BM>     float32, exact float32 FMAs, tile BM x 128 x 8, 256 threads (8x8 or 4x8
+//                        outputs per thread), register-prefetched double buffer
+//   gk_conv_tc<T, BM>    __half / __nv_bfloat16 on tensor cores (common/mma.cuh), float32
+//                        accumulation, tile BM x 128 x 32, 8 warps
+//   gk_conv_direct<T>    depthwise (Cg == 1): one output element per thread, float32 sums
+//
+// Offsets into X and Y are 64-bit.  Out-of-range taps (padding) read as zero.
+#include "common/gk_common.cuh"
+#include "common/mma.cuh"
+
+namespace gk_conv {
+
+using gk::i64;
+
+#define GK_CONV_SCALARS                                                                              \
+  int C, int Din, int Hin, int Win, int M, int Mg, int Cg, int Kg, int Od, int Oh, int Ow, int sd, int sh, \
+      int sw, int pd, int ph, int pw, gk::i64 npix, int mtiles
+
+// Where one output pixel's receptive field starts.
+struct Pixel {
+  i64 xbase;  // offset of (n, first channel of the group) in X
+  int id0, ih0, iw0;  // id0 is hugely negative for a pixel past the end: every tap misses
+};
+
+__device__ __forceinline__ Pixel make_pixel(i64 p, i64 npix, int g, int C, int Cg, i64 DHW, int Od, int Oh, int Ow,
+                                            int sd, int sh, int sw, int pd, int ph, int pw) {
+  Pixel px;
+  const bool valid = p < npix;
+  if (!valid) p = 0;
+  i64 opix = (i64)Od * Oh * Ow;
+  i64 n = p / opix;
+  i64 r = p - n * opix;
+  int ohw = Oh * Ow;
+  int od = (int)(r / ohw);
+  int r2 = (int)(r - (i64)od * ohw);
+  int oh = r2 / Ow, ow = r2 - (r2 / Ow) * Ow;
+  px.xbase = (n * C + (i64)g * Cg) * DHW;
+  px.id0 = valid ? od * sd - pd : -(1 << 30);
+  px.ih0 = oh * sh - ph;
+  px.iw0 = ow * sw - pw;
+  return px;
+}
+
+template <class T>
+__device__ __forceinline__ T gather(const T* __restrict__ x, const int4* __restrict__ tab, const Pixel& px, int kg,
+                                    int Kg, int Din, int Hin, int Win, i64 DHW) {
+  if (kg >= Kg) return gk::from_float<T>(0.0f);
+  int4 t = tab[kg];
+  int id = px.id0 + t.y, ih = px.ih0 + t.z, iw = px.iw0 + t.w;
+  if ((unsigned)id >= (unsigned)Din || (unsigned)ih >= (unsigned)Hin || (unsigned)iw >= (unsigned)Win)
+    return gk::from_float<T>(0.0f);
+  return x[px.xbase + (i64)t.x * DHW + ((i64)id * Hin + ih) * Win + iw];
+}
+
+// Y offset of output pixel p (without the channel term), or -1 past the end.
+__device__ __forceinline__ i64 y_offset(i64 p, i64 npix, int M, i64 opix) {
+  if (p >= npix) return -1;
+  i64 n = p / opix;
+  return n * M * opix + (p - n * opix);
+}
+
+template <int N>
+__device__ __forceinline__ void lds(const float* p, float* out) {
+  if constexpr (N == 4) {
+    float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+  } else if constexpr (N == 2) {
+    float2 v = *reinterpret_cast<const float2*>(p);
+    out[0] = v.x; out[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = p[i];
+  }
+}
+
+__device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half*) {
+  gk::mma_m16n8k16_f16(d, a, b, d);
+}
+__device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                                             __nv_bfloat16*) {
+  gk::mma_m16n8k16_bf16(d, a, b, d);
+}
+
+}  // namespace gk_conv
+
+// ====================================================================== float32 (SIMT)
+// 256 threads = 16 (ty) x 16 (tx); thread (ty, tx) owns rows {ty*H + i, BM/2 + ty*H + i}
+// (H = BM/32) and columns {tx*4 + j, 64 + tx*4 + j} of the BM x 128 tile.
+template <int BM>
+__global__ void __launch_bounds__(256, 2) gk_conv_simt(const float* __restrict__ x, const float* __restrict__ w,
+                                                       const float* __restrict__ bias, const int4* __restrict__ tab,
+                                                       float* __restrict__ y, GK_CONV_SCALARS) {
+  using namespace gk_conv;
+  constexpr int BN = 128, BK = 8, AH = BM / 32, ALD = BM + 4, BLD = BN + 4, NA = BM / 32;
+  __shared__ __align__(16) float As[2][BK][ALD];
+  __shared__ __align__(16) float Bs[2][BK][BLD];
+  const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+  const int g = blockIdx.y / mtiles, m0 = (blockIdx.y % mtiles) * BM;
+  const i64 p0 = (i64)blockIdx.x * BN;
+  const i64 DHW = (i64)Din * Hin * Win;
+  const Pixel px = make_pixel(p0 + (tid & 127), npix, g, C, Cg, DHW, Od, Oh, Ow, sd, sh, sw, pd, ph, pw);
+  const float* wg = w + (i64)g * Mg * Kg;
+
+  float ra[NA], rb[4];
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int j = 0; j < NA; ++j) {
+      int mr = m0 + (tid >> 3) + 32 * j, kg = k0 + (tid & 7);
+      ra[j] = (mr < Mg && kg < Kg) ? wg[(i64)mr * Kg + kg] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) rb[j] = gather(x, tab, px, k0 + (tid >> 7) + 2 * j, Kg, Din, Hin, Win, DHW);
+  };
+  auto store = [&](int buf) {
+#pragma unroll
+    for (int j = 0; j < NA; ++j) As[buf][tid & 7][(tid >> 3) + 32 * j] = ra[j];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) Bs[buf][(tid >> 7) + 2 * j][tid & 127] = rb[j];
+  };
+
+  float acc[2 * AH][8];
+#pragma unroll
+  for (int i = 0; i < 2 * AH; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+  const int nk = (Kg + BK - 1) / BK;
+  load(0);
+  store(0);
+  __syncthreads();
+  for (int kt = 0; kt < nk; ++kt) {
+    const int buf = kt & 1;
+    if (kt + 1 < nk) load((kt + 1) * BK);
+#pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      float a[2 * AH], b[8];
+      lds<AH>(&As[buf][k][ty * AH], a);
+      lds<AH>(&As[buf][k][BM / 2 + ty * AH], a + AH);
+      lds<4>(&Bs[buf][k][tx * 4], b);
+      lds<4>(&Bs[buf][k][64 + tx * 4], b + 4);
+#pragma unroll
+      for (int i = 0; i < 2 * AH; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    if (kt + 1 < nk) store(buf ^ 1);
+    __syncthreads();
+  }
+
+  const i64 opix = (i64)Od * Oh * Ow;
+  i64 yo[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) yo[j] = y_offset(p0 + (j >> 2) * 64 + tx * 4 + (j & 3), npix, M, opix);
+#pragma unroll
+  for (int i = 0; i < 2 * AH; ++i) {
+    int m = m0 + (i / AH) * (BM / 2) + ty * AH + (i % AH);
+    if (m >= Mg) continue;
+    int ch = g * Mg + m;
+    float bv = bias != nullptr ? bias[ch] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (yo[j] >= 0) y[yo[j] + (i64)ch * opix] = acc[i][j] + bv;
+  }
+}
+
+// ====================================================================== half / bfloat16
+// 8 warps = 2 (rows) x 4 (columns); warp tile (BM/2) x 32 = MI m16 x 4 n8 fragments.
+// A (W rows, k contiguous) via ldmatrix, B (X_col rows kk, pixels contiguous) via
+// ldmatrix.trans.  W is read 8 elements at a time (16-byte loads when vec_ok).
+template <class T, int BM>
+__global__ void __launch_bounds__(256) gk_conv_tc(const T* __restrict__ x, const T* __restrict__ w,
+                                                  const T* __restrict__ bias, const int4* __restrict__ tab,
+                                                  T* __restrict__ y, GK_CONV_SCALARS, int vec_ok) {
+  using namespace gk_conv;
+  constexpr int BN = 128, BK = 32, ALD = BK + 8, BLD = BN + 8, MI = BM / 32, NI = 4;
+  constexpr int NACH = BM * BK / 8 / 256;  // 8-element A chunks per thread
+  constexpr int NB = BK * BN / 256;         // B elements per thread
+  __shared__ __align__(16) T As[2][BM][ALD];
+  __shared__ __align__(16) T Bs[2][BK][BLD];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+  const int wm = warp >> 2, wn = warp & 3;
+  const int g = blockIdx.y / mtiles, m0 = (blockIdx.y % mtiles) * BM;
+  const i64 p0 = (i64)blockIdx.x * BN;
+  const i64 DHW = (i64)Din * Hin * Win;
+  const Pixel px = make_pixel(p0 + (tid & 127), npix, g, C, Cg, DHW, Od, Oh, Ow, sd, sh, sw, pd, ph, pw);
+  const T* wg = w + (i64)g * Mg * Kg;
+  const T zero = gk::from_float<T>(0.0f);
+
+  gk::Vec<T, 8> ra[NACH];
+  T rb[NB];
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int j = 0; j < NACH; ++j) {
+      int id = tid + 256 * j, mr = m0 + id / 4, kc = k0 + (id % 4) * 8;
+      if (vec_ok) {
+        if (mr < Mg && kc < Kg) {
+          ra[j] = gk::load_vec<T, 8>(wg + (i64)mr * Kg + kc);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) ra[j].v[e] = zero;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ra[j].v[e] = (mr < Mg && kc + e < Kg) ? wg[(i64)mr * Kg + kc + e] : zero;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NB; ++j) rb[j] = gather(x, tab, px, k0 + (tid >> 7) + 2 * j, Kg, Din, Hin, Win, DHW);
+  };
+  auto store = [&](int buf) {
+#pragma unroll
+    for (int j = 0; j < NACH; ++j) {
+      int id = tid + 256 * j;
+      gk::store_vec<T, 8>(&As[buf][id / 4][(id % 4) * 8], ra[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < NB; ++j) Bs[buf][(tid >> 7) + 2 * j][tid & 127] = rb[j];
+  };
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+  const int nk = (Kg + BK - 1) / BK;
+  load(0);
+  store(0);
+  __syncthreads();
+  for (int kt = 0; kt < nk; ++kt) {
+    const int buf = kt & 1;
+    if (kt + 1 < nk) load((kt + 1) * BK);
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      unsigned af[MI][4], bf[NI][2];
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+        gk::ldmatrix_x4(af[i], &As[buf][wm * (BM / 2) + i * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+#pragma unroll
+      for (int j2 = 0; j2 < NI / 2; ++j2) {
+        unsigned q4[4];
+        gk::ldmatrix_x4_trans(q4, &Bs[buf][ks * 16 + (lane & 15)][wn * 32 + j2 * 16 + (lane >> 4) * 8]);
+        bf[2 * j2][0] = q4[0];
+        bf[2 * j2][1] = q4[1];
+        bf[2 * j2 + 1][0] = q4[2];
+        bf[2 * j2 + 1][1] = q4[3];
+      }
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) mma_dispatch(acc[i][j], af[i], bf[j], (T*)nullptr);
+    }
+    if (kt + 1 < nk) store(buf ^ 1);
+    __syncthreads();
+  }
+
+  const i64 opix = (i64)Od * Oh * Ow;
+  i64 yo[NI][2];
+#pragma unroll
+  for (int j = 0; j < NI; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) yo[j][e] = y_offset(p0 + wn * 32 + j * 8 + 2 * t4 + e, npix, M, opix);
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int m = m0 + wm * (BM / 2) + i * 16 + gq + 8 * h;
+      if (m >= Mg) continue;
+      int ch = g * Mg + m;
+      float bv = bias != nullptr ? gk::to_float(bias[ch]) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (yo[j][e] >= 0) y[yo[j][e] + (i64)ch * opix] = gk::from_float<T>(acc[i][j][2 * h + e] + bv);
+    }
+}
+
+// ====================================================================== depthwise (direct)
+// Cg == 1: output channel m reads input channel m / Mg only.  One output element per
+// thread (grid-stride), taps in a loop, float32 accumulation.
+template <class T>
+__global__ void __launch_bounds__(256) gk_conv_direct(const T* __restrict__ x, const T* __restrict__ w,
+                                                      const T* __restrict__ bias, T* __restrict__ y, int C, int Din,
+                                                      int Hin, int Win, int M, int Mg, int Od, int Oh, int Ow, int KD,
+                                                      int KH, int KW, int sd, int sh, int sw, int pd, int ph, int pw,
+                                                      int dd, int dh, int dw, gk::i64 total) {
+  using gk::i64;
+  const i64 DHW = (i64)Din * Hin * Win;
+  const int ktaps = KD * KH * KW;
+  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (i64)gridDim.x * blockDim.x) {
+    i64 r = idx;
+    int ow = (int)(r % Ow);
+    r /= Ow;
+    int oh = (int)(r % Oh);
+    r /= Oh;
+    int od = (int)(r % Od);
+    r /= Od;
+    int m = (int)(r % M);
+    i64 n = r / M;
+    int c = m / Mg;
+    const T* xb = x + (n * C + c) * DHW;
+    const T* wb = w + (i64)m * ktaps;
+    float acc = 0.0f;
+    for (int kd = 0; kd < KD; ++kd) {
+      int id = od * sd - pd + kd * dd;
+      if ((unsigned)id >= (unsigned)Din) continue;
+      for (int kh = 0; kh < KH; ++kh) {
+        int ih = oh * sh - ph + kh * dh;
+        if ((unsigned)ih >= (unsigned)Hin) continue;
+        const T* xr = xb + ((i64)id * Hin + ih) * Win;
+        const T* wr = wb + (kd * KH + kh) * KW;
+        for (int kw = 0; kw < KW; ++kw) {
+          int iw = ow * sw - pw + kw * dw;
+          if ((unsigned)iw >= (unsigned)Win) continue;
+          acc = fmaf(gk::to_float(xr[iw]), gk::to_float(wr[kw]), acc);
+        }
+      }
+    }
+    if (bias != nullptr) acc += gk::to_float(bias[m]);
+    y[idx] = gk::from_float<T>(acc);
+  }
+}
