@@ -311,7 +311,16 @@ class KernelBase:
     def check_inputs(self, *inputs) -> None:
         """Raise a KernelTypeError when an input's element type is not allowed by the
         operator's schema at this version, or inputs sharing a type parameter differ."""
+        # Remember type signatures that passed: a graph node sees the same types each run.
+        key = tuple(v.data_type if v.__class__ is Tensor else v.__class__ for v in inputs)
+        seen = self.__dict__.get("_types_ok")
+        if seen is not None and key in seen:
+            return
         _check_schema_types(self, inputs)
+        if seen is None:
+            seen = self.__dict__["_types_ok"] = set()
+        if len(seen) < 64:
+            seen.add(key)
 
     def check_type(self, name: str, t: Tensor, allowed) -> None:
         """Raise a KernelTypeError unless t's element type is one of allowed."""

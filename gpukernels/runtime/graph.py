@@ -171,6 +171,7 @@ class PreparedGraph:
             self.constants = self._load_initializers(graph)
         self.nodes = [self._prepare_node(n) for n in nodes]
         self.release_plan = self._plan_releases()
+        self._steps = list(zip(self.nodes, self.release_plan))
 
     # ------------------------------------------------------------- preparation
     def _load_initializers(self, graph) -> dict:
@@ -254,27 +255,30 @@ class PreparedGraph:
         """Run with inputs (a list in formal order, or a dict by name); returns outputs in
         order.  observer(prepared_node, input_values, output_values, seconds), when given,
         is called after every node."""
-        values = dict(self.constants)
+        values = dict(self.constants) if self.constants else {}
         if isinstance(inputs, dict):
-            for name, v in inputs.items():
-                values[name] = v
+            values.update(inputs)
         else:
             if len(inputs) > len(self.input_names):
                 raise ModelError(f"{self.name}: {len(inputs)} inputs given, it declares "
                                  f"{len(self.input_names)}")
-            for name, v in zip(self.input_names, inputs):
-                values[name] = v
+            values.update(zip(self.input_names, inputs))
         scope = Scope(values, parent, self)
-        for p, release in zip(self.nodes, self.release_plan):
-            self._run_node(p, scope, observer)
+        run_node = self._run_node
+        pop = values.pop
+        for p, release in self._steps:
+            run_node(p, scope, observer)
             for name in release:
-                values.pop(name, None)
+                pop(name, None)
         out = []
         for name in self.output_names:
-            try:
-                out.append(scope.lookup(name))
-            except KeyError:
-                raise ModelError(f"{self.name}: output {name!r} was never computed") from None
+            v = values.get(name, _MISSING)
+            if v is _MISSING:
+                try:
+                    v = scope.lookup(name)
+                except KeyError:
+                    raise ModelError(f"{self.name}: output {name!r} was never computed") from None
+            out.append(v)
         return out
 
     def _run_node(self, p: PreparedNode, scope: Scope, observer) -> None:
