@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import KernelBase, register
-from .softmax import normalize_axis
+from ..base import register
+from .softmax import RowwiseKernel
 
 
 def log_softmax_along(xp, x, axis: int):
@@ -32,32 +32,11 @@ def hardmax_along(xp, x, axis: int):
     return (positions == idx).astype(x.dtype)
 
 
-class _RowOp(KernelBase):
-    def __call__(self, input, axis=None):
-        x = self.tensor(input, "input")
-        self.check_inputs(x)
-        legacy = self.since_version < 13
-        if axis is None:
-            axis = 1 if legacy else -1
-        xc = self.to_compute(x)
-        if x.ndim == 0:
-            raise self.error("input must have at least one dimension", input=x)
-        axis = normalize_axis(self, axis, x.ndim, input=x)
-        if x.size == 0:
-            return self.from_compute(xc.copy(), x.data_type)
-        if legacy:
-            rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-            y = self.along(self.xp, xc.reshape(rows, -1), 1).reshape(x.shape)
-        else:
-            y = self.along(self.xp, xc, axis)
-        return self.from_compute(y, x.data_type)
-
-
 @register()
-class LogSoftmax(_RowOp):
+class LogSoftmax(RowwiseKernel):
     along = staticmethod(log_softmax_along)
 
 
 @register()
-class Hardmax(_RowOp):
+class Hardmax(RowwiseKernel):
     along = staticmethod(hardmax_along)

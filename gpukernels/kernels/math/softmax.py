@@ -28,23 +28,30 @@ def normalize_axis(kernel, axis: int, ndim: int, **inputs) -> int:
     return axis % max(ndim, 1)
 
 
-@register()
-class Softmax(KernelBase):
+class RowwiseKernel(KernelBase):
+    """Softmax-family operators: ``along(xp, x, axis)`` applied per row, with the
+    opset-1..12 coerce-to-2-D semantics or the opset-13+ single-axis semantics."""
+
     def __call__(self, input, axis=None):
         x = self.tensor(input, "input")
         self.check_inputs(x)
         legacy = self.since_version < 13
         if axis is None:
             axis = 1 if legacy else -1
-        xc = self.to_compute(x)
-        if x.size == 0:
-            return self.from_compute(xc, x.data_type)
         if x.ndim == 0:
             raise self.error("input must have at least one dimension", input=x)
         axis = normalize_axis(self, axis, x.ndim, input=x)
+        xc = self.to_compute(x)
+        if x.size == 0:
+            return self.from_compute(xc.copy(), x.data_type)
         if legacy:
             rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-            y = softmax_along(self.xp, xc.reshape(rows, -1), 1).reshape(x.shape)
+            y = self.along(self.xp, xc.reshape(rows, -1), 1).reshape(x.shape)
         else:
-            y = softmax_along(self.xp, xc, axis)
+            y = self.along(self.xp, xc, axis)
         return self.from_compute(y, x.data_type)
+
+
+@register()
+class Softmax(RowwiseKernel):
+    along = staticmethod(softmax_along)
