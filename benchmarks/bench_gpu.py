@@ -437,6 +437,13 @@ def bench_linear_attention(env, rng, torch):
 PARITY = [parity_rotary, parity_linear_attention]
 BENCHES = [bench_rotary, bench_linear_attention]
 
+from gpu_attention_conv_cases import BENCHES as _AC_BENCHES, PARITY as _AC_PARITY  # noqa: E402
+
+PARITY += _AC_PARITY
+BENCHES += _AC_BENCHES
+# seconds after which remaining benchmarks are skipped (the table still prints)
+BUDGET = float(os.environ.get("GPUKERNELS_BENCH_BUDGET", "420"))
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -485,7 +492,7 @@ def main(argv=None) -> int:
         if torch is None:
             print("PyTorch with CUDA not available: benchmarks compare with the array path only")
         for bench in BENCHES:
-            if elapsed() > 420:
+            if elapsed() > BUDGET:
                 record("bench", bench.__name__, "skip", "time budget")
                 continue
             try:

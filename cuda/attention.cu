@@ -36,11 +36,12 @@ using gk::i64;
 __device__ __forceinline__ float neg_inf() { return __int_as_float((int)0xff800000u); }
 
 // The scalar parameters shared by the two forward kernels (see the launcher for meanings).
-#define GK_ATTN_SCALARS                                                                              \
-  int Hq, int Hkv, int Sq, int Skv, int P, int D, int Dv, gk::i64 sQb, gk::i64 sQh, gk::i64 sQs, gk::i64 sKb, gk::i64 sKh, \
-      gk::i64 sKs, gk::i64 sVb, gk::i64 sVh, gk::i64 sVs, gk::i64 sYb, gk::i64 sYh, gk::i64 sYs, int mask_kind, int Lm, gk::i64 sMb, \
-      gk::i64 sMh, gk::i64 sMq, gk::i64 sMk, int causal, int left, int right, float scale, float softcap, \
-      float inv_softcap, int row_blocks, int BH, int vec_ok
+#define GK_ATTN_SCALARS                                                                           \
+  int Hq, int Hkv, int Sq, int Skv, int P, int D, int Dv, gk::i64 sQb, gk::i64 sQh, gk::i64 sQs,    \
+      gk::i64 sKb, gk::i64 sKh, gk::i64 sKs, gk::i64 sVb, gk::i64 sVh, gk::i64 sVs, gk::i64 sYb,     \
+      gk::i64 sYh, gk::i64 sYs, int mask_kind, int Lm, gk::i64 sMb, gk::i64 sMh, gk::i64 sMq,        \
+      gk::i64 sMk, int causal, int left, int right, float scale, float softcap, float inv_softcap, \
+      int row_blocks, int BH, int vec_ok
 
 struct Args {
   int Hq, Hkv, G, Sq, Skv, P, T, D, Dv, M;
@@ -295,16 +296,33 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
   for (int t = tr.t_begin; t < tr.t_end; ++t) {
     const int j0 = t * BN;
     __syncthreads();  // the previous tile's P and V are consumed
-    for (int idx = tid; idx < BN * DMAX; idx += 256) {
-      int c = idx / DMAX, d = idx % DMAX;
-      int j = j0 + c;
-      float kv = 0.0f, vv = 0.0f;
-      if (j < a.T) {
-        if (d < a.D) kv = kv_row(k, pk, a, j, a.D, a.sKb, a.sKh, a.sKs)[d];
-        if (d < a.Dv) vv = kv_row(v, pv, a, j, a.Dv, a.sVb, a.sVh, a.sVs)[d];
+    if (a.vec_ok) {   // 16-byte loads: D, Dv multiples of 4, aligned rows
+      for (int idx = tid; idx < BN * (DMAX / 4); idx += 256) {
+        int c = idx / (DMAX / 4), d = (idx % (DMAX / 4)) * 4;
+        int j = j0 + c;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+        if (j < a.T) {
+          if (d < a.D) kv = *reinterpret_cast<const float4*>(kv_row(k, pk, a, j, a.D, a.sKb, a.sKh, a.sKs) + d);
+          if (d < a.Dv) vv = *reinterpret_cast<const float4*>(kv_row(v, pv, a, j, a.Dv, a.sVb, a.sVh, a.sVs) + d);
+        }
+        Ks[d * KLD + c] = kv.x;
+        Ks[(d + 1) * KLD + c] = kv.y;
+        Ks[(d + 2) * KLD + c] = kv.z;
+        Ks[(d + 3) * KLD + c] = kv.w;
+        *reinterpret_cast<float4*>(Vs + c * VLD + d) = vv;
       }
-      Ks[d * KLD + c] = kv;
-      Vs[c * VLD + d] = vv;
+    } else {
+      for (int idx = tid; idx < BN * DMAX; idx += 256) {
+        int c = idx / DMAX, d = idx % DMAX;
+        int j = j0 + c;
+        float kv = 0.0f, vv = 0.0f;
+        if (j < a.T) {
+          if (d < a.D) kv = kv_row(k, pk, a, j, a.D, a.sKb, a.sKh, a.sKs)[d];
+          if (d < a.Dv) vv = kv_row(v, pv, a, j, a.Dv, a.sVb, a.sVh, a.sVs)[d];
+        }
+        Ks[d * KLD + c] = kv;
+        Vs[c * VLD + d] = vv;
+      }
     }
     __syncthreads();
 

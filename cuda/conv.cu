@@ -10,8 +10,9 @@
 //
 //   gk_conv_simt<BM>     float32, exact float32 FMAs, tile BM x 128 x 8, 256 threads (8x8 or 4x8
 //                        outputs per thread), register-prefetched double buffer
-//   gk_conv_tc<T, BM>    __half / __nv_bfloat16 on tensor cores (common/mma.cuh), float32
-//                        accumulation, tile BM x 128 x 32, 8 warps
+//   gk_conv_tc<T, BM, PW> __half / __nv_bfloat16 on tensor cores (common/mma.cuh), float32
+//                        accumulation, tile BM x 128 x 32, 8 warps; PW: 1x1 stride-1 unpadded
+//                        convolutions read X 8 pixels (16 bytes) at a time
 //   gk_conv_direct<T>    depthwise (Cg == 1): one output element per thread, float32 sums
 //
 // Offsets into X and Y are 64-bit.  Out-of-range taps (padding) read as zero.
@@ -177,14 +178,17 @@ __global__ void __launch_bounds__(256, 2) gk_conv_simt(const float* __restrict__
 // 8 warps = 2 (rows) x 4 (columns); warp tile (BM/2) x 32 = MI m16 x 4 n8 fragments.
 // A (W rows, k contiguous) via ldmatrix, B (X_col rows kk, pixels contiguous) via
 // ldmatrix.trans.  W is read 8 elements at a time (16-byte loads when vec_ok).
-template <class T, int BM>
-__global__ void __launch_bounds__(256) gk_conv_tc(const T* __restrict__ x, const T* __restrict__ w,
+// PW (pointwise: 1x1 kernel, stride 1, no padding, output plane a multiple of 8 elements,
+// X 16-byte aligned): X_col rows are contiguous pixel runs of X, read 8 pixels at a time.
+template <class T, int BM, bool PW>
+__global__ void __launch_bounds__(256, BM == 64 ? 2 : 1) gk_conv_tc(const T* __restrict__ x, const T* __restrict__ w,
                                                   const T* __restrict__ bias, const int4* __restrict__ tab,
                                                   T* __restrict__ y, GK_CONV_SCALARS, int vec_ok) {
   using namespace gk_conv;
   constexpr int BN = 128, BK = 32, ALD = BK + 8, BLD = BN + 8, MI = BM / 32, NI = 4;
   constexpr int NACH = BM * BK / 8 / 256;  // 8-element A chunks per thread
-  constexpr int NB = BK * BN / 256;         // B elements per thread
+  constexpr int NB = PW ? 1 : BK * BN / 256;  // B elements per thread (gather)
+  constexpr int NBC = BK * BN / 8 / 256;      // B 8-pixel chunks per thread (PW)
   __shared__ __align__(16) T As[2][BM][ALD];
   __shared__ __align__(16) T Bs[2][BK][BLD];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
@@ -192,12 +196,24 @@ __global__ void __launch_bounds__(256) gk_conv_tc(const T* __restrict__ x, const
   const int g = blockIdx.y / mtiles, m0 = (blockIdx.y % mtiles) * BM;
   const i64 p0 = (i64)blockIdx.x * BN;
   const i64 DHW = (i64)Din * Hin * Win;
-  const Pixel px = make_pixel(p0 + (tid & 127), npix, g, C, Cg, DHW, Od, Oh, Ow, sd, sh, sw, pd, ph, pw);
+  const Pixel px = PW ? Pixel{} : make_pixel(p0 + (tid & 127), npix, g, C, Cg, DHW, Od, Oh, Ow, sd, sh, sw, pd,
+                                             ph, pw);
   const T* wg = w + (i64)g * Mg * Kg;
   const T zero = gk::from_float<T>(0.0f);
 
   gk::Vec<T, 8> ra[NACH];
   T rb[NB];
+  gk::Vec<T, 8> rbv[PW ? NBC : 1];
+  i64 xoff[PW ? NBC : 1];  // PW: offset of the chunk's first pixel in X (channel 0 of the group), -1 past the end
+  if constexpr (PW) {
+    const i64 opix = (i64)Od * Oh * Ow;
+#pragma unroll
+    for (int j = 0; j < NBC; ++j) {
+      i64 p = p0 + ((tid + 256 * j) & 15) * 8;
+      i64 n = p / opix;
+      xoff[j] = p < npix ? (n * C + (i64)g * Cg) * opix + (p - n * opix) : -1;
+    }
+  }
   auto load = [&](int k0) {
 #pragma unroll
     for (int j = 0; j < NACH; ++j) {
@@ -214,8 +230,21 @@ __global__ void __launch_bounds__(256) gk_conv_tc(const T* __restrict__ x, const
         for (int e = 0; e < 8; ++e) ra[j].v[e] = (mr < Mg && kc + e < Kg) ? wg[(i64)mr * Kg + kc + e] : zero;
       }
     }
+    if constexpr (PW) {
 #pragma unroll
-    for (int j = 0; j < NB; ++j) rb[j] = gather(x, tab, px, k0 + (tid >> 7) + 2 * j, Kg, Din, Hin, Win, DHW);
+      for (int j = 0; j < NBC; ++j) {
+        int kg = k0 + ((tid + 256 * j) >> 4);
+        if (xoff[j] >= 0 && kg < Kg) {
+          rbv[j] = gk::load_vec<T, 8>(x + xoff[j] + (i64)kg * DHW);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) rbv[j].v[e] = zero;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NB; ++j) rb[j] = gather(x, tab, px, k0 + (tid >> 7) + 2 * j, Kg, Din, Hin, Win, DHW);
+    }
   };
   auto store = [&](int buf) {
 #pragma unroll
@@ -223,8 +252,16 @@ __global__ void __launch_bounds__(256) gk_conv_tc(const T* __restrict__ x, const
       int id = tid + 256 * j;
       gk::store_vec<T, 8>(&As[buf][id / 4][(id % 4) * 8], ra[j]);
     }
+    if constexpr (PW) {
 #pragma unroll
-    for (int j = 0; j < NB; ++j) Bs[buf][(tid >> 7) + 2 * j][tid & 127] = rb[j];
+      for (int j = 0; j < NBC; ++j) {
+        int id = tid + 256 * j;
+        gk::store_vec<T, 8>(&Bs[buf][id >> 4][(id & 15) * 8], rbv[j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NB; ++j) Bs[buf][(tid >> 7) + 2 * j][tid & 127] = rb[j];
+    }
   };
 
   float acc[MI][NI][4];

@@ -122,7 +122,11 @@ class Tensor:
             storage = dtypes.info(self.data_type).storage
             host = self.array if not is_cupy_array(self.array) else to_host(self.array)
             if host.dtype != storage:
-                host = host.view(storage) if host.dtype.itemsize == storage.itemsize else host.astype(storage)
+                # float types CuPy lacks travel as their bit pattern; int4/int2 as their value
+                # (one sign-extended value per byte: a view would drop the sign)
+                bit_pattern = host.dtype.itemsize == storage.itemsize and \
+                    dtypes.info(self.data_type).kind == "float"
+                host = host.view(storage) if bit_pattern else host.astype(storage)
             return Tensor.wrap(to_device(host, device), self.data_type)
         if is_cupy_array(self.array) and device.kind == "cuda":
             return Tensor.wrap(to_device(self.array, device), self.data_type)

@@ -175,19 +175,63 @@ def scatter_reduce(xp, target, indices, values, reduction: str) -> None:
         ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[reduction]
         ufunc.at(target, indices, values)
         return
-    import cupyx
-
-    if reduction == "add":
-        cupyx.scatter_add(target, indices, values)
-    elif reduction == "max":
-        cupyx.scatter_max(target, indices, values)
-    elif reduction == "min":
-        cupyx.scatter_min(target, indices, values)
+    if reduction in ("add", "max", "min"):
+        _cupy_scatter(xp, target, indices, values, reduction)
     elif reduction == "mul":
         # CuPy has no scatter-multiply: apply the updates in rounds of distinct indices.
         _scatter_mul_rounds(xp, target, indices, values)
     else:
         raise ValueError(f"unknown scatter reduction {reduction!r}")
+
+
+# dtypes CuPy's scatter (CUDA atomics) accepts when integer index arrays are involved
+_CUPY_SCATTER_OK = {
+    "add": frozenset(np.dtype(t) for t in ("int32", "float16", "float32", "float64", "uint32",
+                                             "uint64")),
+    "max": frozenset(np.dtype(t) for t in ("int32", "float32", "float64", "uint32", "uint64")),
+}
+_CUPY_SCATTER_OK["min"] = _CUPY_SCATTER_OK["max"]
+
+
+def _cupy_scatter(xp, target, indices, values, op: str) -> None:
+    """cupyx.scatter_add/max/min for every integer, bool and float dtype: the others go
+    through a type the atomics support with the same result (int64 add as uint64,
+    int64 max/min with the sign bit flipped, small types widened)."""
+    import cupyx
+
+    fn = {"add": cupyx.scatter_add, "max": cupyx.scatter_max, "min": cupyx.scatter_min}[op]
+    dt = target.dtype
+    if dt in _CUPY_SCATTER_OK[op]:
+        fn(target, indices, values)
+        return
+    values = xp.asarray(values).astype(dt, copy=False)
+    if dt == np.int64:
+        t = target.view(xp.uint64)
+        v = values.view(xp.uint64)
+        if op == "add":  # two's complement: the same bits as unsigned addition
+            fn(t, indices, v)
+            return
+        sign = np.uint64(1 << 63)  # order-preserving map int64 -> uint64
+        t ^= sign
+        fn(t, indices, v ^ sign)
+        t ^= sign
+        return
+    if dt.kind in "biu" and dt.itemsize < 4:
+        if op == "add":  # modular sum, wrapped back by the final cast
+            signed = dt.kind == "i"
+            work = target.astype(xp.int64).view(xp.uint64) if signed else target.astype(xp.uint64)
+            vals = values.astype(xp.int64).view(xp.uint64) if signed else values.astype(xp.uint64)
+            fn(work, indices, vals)
+            target[...] = (work.view(xp.int64) if signed else work).astype(dt)
+            return
+        wdt = xp.int32 if dt.kind == "i" else xp.uint32
+    elif dt == np.float16:
+        wdt = xp.float32
+    else:
+        raise TypeError(f"scatter-{op} of {dt} is not supported on CuPy")
+    work = target.astype(wdt)
+    fn(work, indices, values.astype(wdt))
+    target[...] = work.astype(dt)
 
 
 def _scatter_mul_rounds(xp, target, indices, values) -> None:
@@ -202,8 +246,7 @@ def _scatter_mul_rounds(xp, target, indices, values) -> None:
     n = flat_index.size
     if n == 0:
         return
-    starts = xp.concatenate([xp.ones(1, bool), flat_index[1:] != flat_index[:-1]])
-    group_start = xp.maximum.accumulate(xp.where(starts, xp.arange(n), 0))
+    group_start = xp.searchsorted(flat_index, flat_index, side="left")
     rank = xp.arange(n) - group_start
     flat_target = target.reshape(-1)
     for r in range(int(rank.max()) + 1):
@@ -222,8 +265,10 @@ def scatter_assign_last_wins(xp, target, flat_indices, values) -> None:
     n = flat_indices.size
     if n == 0:
         return
-    order = xp.arange(n)
-    winner = xp.full(flat_target.size, -1, dtype=xp.int64)
+    # 1-based update number of the last update per position (0: none); uint64 because
+    # CuPy's scatter_max has no int64
+    order = xp.arange(1, n + 1, dtype=xp.uint64)
+    winner = xp.zeros(flat_target.size, dtype=xp.uint64)
     import cupyx
 
     cupyx.scatter_max(winner, flat_indices, order)

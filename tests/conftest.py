@@ -3,10 +3,19 @@ usable GPU, on cuda (marked ``gpu``)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from gpukernels.xp import cuda_status
+if os.environ.get("GPUKERNELS_SIMULATE_CUDA") == "1":
+    # CPU simulation of CuPy (tests/cupy_sim/README.md): must come first on sys.path
+    # before gpukernels probes CUDA.
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "cupy_sim"))
+
+from gpukernels.xp import cuda_status  # noqa: E402
 
 
 def _device_params():

@@ -9,6 +9,7 @@ kernel then runs its array-namespace code on the GPU).  Kernels reach it through
 from __future__ import annotations
 
 import importlib
+import sys
 
 _IMPLS: dict[str, object] = {}
 # op_type -> module that registers it when imported (kept lazy: importing compiles nothing)
@@ -32,6 +33,8 @@ def register(op_type: str):
 
 
 def get(op_type: str):
+    if getattr(sys.modules.get("cupy"), "__gpukernels_simulated__", False):
+        return None  # the CPU simulation of CuPy (tests/cupy_sim) cannot run CUDA kernels
     if op_type not in _IMPLS and op_type in _MODULES:
         try:
             importlib.import_module(_MODULES[op_type])

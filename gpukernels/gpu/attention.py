@@ -162,11 +162,13 @@ def run(backend, *, Q: Tensor, K: Tensor, V: Tensor, attn_mask=None, past_key=No
         D, Dk, Dv = int(Q.shape[2]) // Hq, int(K.shape[2]) // Hkv, int(V.shape[2]) // Hkv
     else:
         raise CudaKernelError(f"Attention: Q must be 3-D or 4-D, got {list(Q.shape)}")
-    if Dk != D or Hkv <= 0 or Hq % Hkv:
-        raise CudaKernelError(f"Attention: inconsistent shapes {describe_arrays(Q=Q.array, K=K.array, V=V.array)}")
+    P = int(past_key.shape[2]) if has_past else 0
+    _check_shapes(Q, K, V, past_key if has_past else None, past_value if has_past else None,
+                  rank, B, Hq, Hkv, Sq, Skv, D, Dk, Dv, P)
     if D == 0 or Dv == 0 or max(D, Dv) > DMAXES[-1]:
         return None
-    P = int(past_key.shape[2]) if has_past else 0
+    if scale is None:
+        scale = 1.0 / np.sqrt(D)
     T = P + Skv
     G = Hq // Hkv
     M = G * Sq
@@ -223,7 +225,8 @@ def run(backend, *, Q: Tensor, K: Tensor, V: Tensor, attn_mask=None, past_key=No
         expr = f"gk_attn_simt<{dmax}, {bm}>"
         threads = 256
         smem = simt_shared_bytes(dmax, bm)
-        vec_ok = 0
+        arrays = [k, v] + ([pk, pv] if has_past else [])
+        vec_ok = int(D % 4 == 0 and Dv % 4 == 0 and all(backend.pointer(x) % 16 == 0 for x in arrays))
     else:
         nw = 4 if M > 16 else 1
         bm = 16 * nw
@@ -266,6 +269,25 @@ def run(backend, *, Q: Tensor, K: Tensor, V: Tensor, attn_mask=None, past_key=No
     return result(Tensor.wrap(y, dt), pk_t, pv_t, None)
 
 
+def _check_shapes(Q, K, V, pk, pv, rank, B, Hq, Hkv, Sq, Skv, D, Dk, Dv, P):
+    """The shapes the kernels index by (the class validated them; checked again because the
+    launch relies on them)."""
+    if rank == 4:
+        want = {"K": (B, Hkv, Skv, D), "V": (B, Hkv, Skv, Dv)}
+    else:
+        want = {"Q": (B, Sq, Hq * D), "K": (B, Skv, Hkv * D), "V": (B, Skv, Hkv * Dv)}
+    got = {"Q": tuple(Q.shape), "K": tuple(K.shape), "V": tuple(V.shape)}
+    if pk is not None:
+        want.update(past_key=(B, Hkv, P, D), past_value=(B, Hkv, P, Dv))
+        got.update(past_key=tuple(pk.shape), past_value=tuple(pv.shape))
+    bad = [n for n, s in want.items() if got[n] != s]
+    if Hkv <= 0 or Hq % Hkv or Dk != D or bad:
+        arrays = {n: t.array for n, t in (("Q", Q), ("K", K), ("V", V), ("past_key", pk), ("past_value", pv))
+                  if t is not None}
+        raise CudaKernelError(f"Attention: inconsistent shapes ({describe_arrays(**arrays)}; q_num_heads={Hq}, "
+                              f"kv_num_heads={Hkv})")
+
+
 def _present(backend, past: Tensor, cur: Tensor, rank, B, Hkv, P, S, width, storage, what):
     """concat(past, cur as 4-D) along the sequence axis by the copy kernel."""
     out = backend.empty((B, Hkv, P + S, width), storage)
@@ -284,7 +306,12 @@ def _present(backend, past: Tensor, cur: Tensor, rank, B, Hkv, P, S, width, stor
     return out
 
 
+def run_options(kernel) -> dict:
+    """The keyword arguments of run() that come from the kernel instance rather than from
+    its cuda_path call: which outputs the caller uses."""
+    return {"wants": tuple(kernel.wants_output(i) for i in range(4))}
+
+
 @accelerated.register("Attention")
 def attention_cuda(kernel, **arguments):
-    wants = tuple(kernel.wants_output(i) for i in range(4))
-    return run(backend_for(kernel), wants=wants, **arguments)
+    return run(backend_for(kernel), **arguments, **run_options(kernel))

@@ -32,7 +32,8 @@ BN = 128  # output pixels per block of the GEMM kernels
 
 def expressions() -> list[str]:
     out = [f"gk_conv_simt<{bm}>" for bm in (64, 128)]
-    out += [f"gk_conv_tc<{ct}, {bm}>" for ct in ("__half", "__nv_bfloat16") for bm in (64, 128)]
+    out += [f"gk_conv_tc<{ct}, {bm}, {pw}>" for ct in ("__half", "__nv_bfloat16") for bm in (64, 128)
+            for pw in ("false", "true")]
     out += [f"gk_conv_direct<{ct}>" for ct in CTYPES.values()]
     return out
 
@@ -86,6 +87,12 @@ def run(backend, *, X: Tensor, W: Tensor, B=None, strides, pads, dilations, grou
         raise CudaKernelError(f"Conv: channels do not match groups ({describe_arrays(X=X.array, W=W.array)}, "
                               f"group={group})")
     Mg = M // group
+    if has_bias and tuple(B.shape) != (M,):
+        raise CudaKernelError(f"Conv: B must have shape ({M},), got {list(B.shape)}")
+    if len(strides) != n_sp or len(dilations) != n_sp or len(pads) != 2 * n_sp or \
+            min(list(strides) + list(dilations)) < 1 or min(pads) < 0:
+        raise CudaKernelError(f"Conv: bad strides {list(strides)} / dilations {list(dilations)} / pads {list(pads)} "
+                              f"for {n_sp} spatial dims")
     S = _pad3(X.shape[2:], 1, n_sp)
     K = _pad3(W.shape[2:], 1, n_sp)
     st = _pad3(strides, 1, n_sp)
@@ -143,7 +150,9 @@ def run(backend, *, X: Tensor, W: Tensor, B=None, strides, pads, dilations, grou
         args = (x, w, b, tab, y) + scalars
     else:
         vec_ok = int(Kg % 8 == 0 and backend.pointer(w) % 16 == 0)
-        fn = backend.function(SOURCE, f"gk_conv_tc<{CTYPES[dt]}, {bm}>")
+        pointwise = K == (1, 1, 1) and st == (1, 1, 1) and pb == (0, 0, 0) and pe == (0, 0, 0) and \
+            opix % 8 == 0 and backend.pointer(x) % 16 == 0
+        fn = backend.function(SOURCE, f"gk_conv_tc<{CTYPES[dt]}, {bm}, {'true' if pointwise else 'false'}>")
         args = (x, w, b, tab, y) + scalars + (i32(vec_ok),)
     backend.launch(fn, grid, (256,), args, 0, what=what)
     return Tensor.wrap(y, dt)

@@ -203,12 +203,13 @@ def test_masks(emu, rng, dtype, form):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_softcap_scale_dv(emu, rng, dtype):
-    # head size not a multiple of 8 (scalar loads), Dv != D, explicit scale, softcap
-    q, k, v, _, _ = make(rng, dtype, B=1, Hq=3, Hkv=3, Sq=9, Skv=33, D=12, Dv=20)
+@pytest.mark.parametrize("D,Dv", [(12, 20), (10, 18)])
+def test_softcap_scale_dv(emu, rng, dtype, D, Dv):
+    # head sizes not multiples of 8 / of 4 (scalar loads), Dv != D, explicit scale, softcap
+    q, k, v, _, _ = make(rng, dtype, B=1, Hq=3, Hkv=3, Sq=9, Skv=33, D=D, Dv=Dv)
     attrs = dict(scale=0.37, softcap=2.5)
     check(emu, dict(Q=q, K=k, V=v), attrs, ref=reference(q, k, v, scale=0.37, softcap=2.5),
-          tags=(dtype, "softcap", "scale", "D=12 Dv=20"))
+          tags=(dtype, "softcap", "scale", f"D={D} Dv={Dv}"))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -292,3 +293,18 @@ def test_declared_instantiations_exist():
     assert len(exprs) == len(set(exprs))
     mod = importlib.import_module("gpukernels.gpu.accelerated")
     assert mod._MODULES["Attention"] == "gpukernels.gpu.attention"
+
+
+def test_host_validation(emu, rng):
+    from gpukernels.errors import CudaKernelError
+
+    q, k, v, pk, pv = make(rng, "float32", B=1, Hq=2, Hkv=1, Sq=3, Skv=5, D=8, P=4)
+    base = dict(Q=Tensor(q), K=Tensor(k), V=Tensor(v), q_num_heads=2, kv_num_heads=1, scale=0.3)
+    with pytest.raises(CudaKernelError, match="inconsistent shapes"):
+        gpu_attention.run(emu, **{**base, "V": Tensor(v[:, :, :4])})
+    with pytest.raises(CudaKernelError, match="past_key"):
+        gpu_attention.run(emu, **base, past_key=Tensor(pk[..., :6]), past_value=Tensor(pv))
+    with pytest.raises(CudaKernelError, match="does not broadcast"):
+        gpu_attention.run(emu, **base, attn_mask=Tensor(np.zeros((3, 3, 5), np.float32)))
+    with pytest.raises(CudaKernelError, match="exceeds the total kv length"):
+        gpu_attention.run(emu, **base, attn_mask=Tensor(np.zeros((3, 6), np.float32)))

@@ -129,6 +129,15 @@ def test_wide_channels_vector_weights(emu, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
+def test_pointwise(emu, rng, dtype):
+    # 1x1, stride 1, no pad, output plane a multiple of 8: X read 8 pixels at a time (half types);
+    # 192 pixels = one full and one partial pixel tile; Kg = 20 (a partial reduction tile)
+    check(emu, rng, dtype, (2, 20, 8, 12), (72, 20, 1, 1), tags=("2-D", "pointwise", "BM=128"))
+    check(emu, rng, dtype, (3, 40, 16), (24, 40, 1), tags=("1-D", "pointwise"))
+    check(emu, rng, dtype, (1, 12, 2, 2, 4), (16, 6, 1, 1, 1), group=2, tags=("3-D", "pointwise", "groups"))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("rank", [1, 2, 3])
 def test_depthwise(emu, rng, dtype, rank):
     S = {1: (17,), 2: (7, 8), 3: (4, 5, 4)}[rank]
@@ -159,3 +168,18 @@ def test_reduction_table():
     assert tab.shape == (12, 4) and tab.dtype == np.int32
     kk = ((1 * 1 + 0) * 2 + 1) * 3 + 2  # c=1, kd=0, kh=1, kw=2
     assert tab[kk].tolist() == [1, 0, 2, 6]
+
+
+def test_host_validation(emu, rng):
+    from gpukernels.errors import CudaKernelError
+    from gpukernels.tensor import Tensor
+
+    x = Tensor(rng.standard_normal((1, 4, 5, 5)).astype(np.float32))
+    w = Tensor(rng.standard_normal((6, 2, 3, 3)).astype(np.float32))
+    args = dict(strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1])
+    with pytest.raises(CudaKernelError, match="channels"):
+        gpu_conv.run(emu, X=x, W=w, group=1, **args)
+    with pytest.raises(CudaKernelError, match="B must have shape"):
+        gpu_conv.run(emu, X=x, W=w, B=Tensor(np.zeros(5, np.float32)), group=2, **args)
+    with pytest.raises(CudaKernelError, match="bad strides"):
+        gpu_conv.run(emu, X=x, W=w, group=2, strides=[1], pads=[0, 0, 0, 0], dilations=[1, 1])

@@ -223,9 +223,18 @@ def guarded_empty(shape, dtype, label: str = "buffer") -> np.ndarray:
     return arr.view(dtype).reshape(shape)
 
 
+def _live_buffers() -> list:
+    """A snapshot of _buffers; a weakref finalizer may drop an entry while we copy."""
+    while True:
+        try:
+            return list(_buffers.items())
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+
+
 def _guard_of(array: np.ndarray):
     addr = array.ctypes.data
-    for start, g in list(_buffers.items()):
+    for start, g in _live_buffers():
         if start <= addr < start + max(g.nbytes, 1):
             return g
     return None
@@ -234,7 +243,7 @@ def _guard_of(array: np.ndarray):
 def _describe_fault(addr: int | None) -> str:
     if not addr:
         return ""
-    for start, g in list(_buffers.items()):
+    for start, g in _live_buffers():
         lo, hi = start - PAGE - 256, start + g.nbytes + g.slack + PAGE
         if lo <= addr < hi:
             off = addr - start

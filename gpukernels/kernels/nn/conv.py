@@ -229,11 +229,10 @@ class Conv(KernelBase):
         M = w.shape[0]
         if not b.is_absent and tuple(b.shape) != (M,):
             raise self.error(f"B must have shape ({M},), got {list(b.shape)}", X=x, W=w, B=b)
-        if self.on_gpu:
-            fast = self.cuda_path(X=x, W=w, B=None if b.is_absent else b, strides=strides,
-                                  pads=pads, dilations=dilations, group=int(group))
-            if fast is not None:
-                return fast
+        fast = self.cuda_path(X=x, W=w, B=None if b.is_absent else b, strides=strides,
+                              pads=pads, dilations=dilations, group=int(group))
+        if fast is not None:
+            return fast
         xc = self.to_compute(x)
         wc = self.to_compute(w, xc.dtype)
         bc = None if b.is_absent else self.to_compute(b, xc.dtype)

@@ -166,7 +166,7 @@ class _ResizeCore(KernelBase):
         extra_masks = []
         for k, a in enumerate(axes):
             n_in, n_out = x.shape[a], out_shape[a]
-            if n_out == x.shape[a] and scales[k] == 1.0 and coord != "tf_crop_and_resize" and mode == "nearest":
+            if n_out == n_in and scales[k] == 1.0 and coord != "tf_crop_and_resize":  # identity
                 continue
             width = out_widths[k] if out_widths is not None else scales[k] * n_in
             r = roi[k] if roi is not None else (0.0, 1.0)
