@@ -246,7 +246,12 @@ def main(argv=None) -> int:
         from .errors import GpuKernelsError
 
         if isinstance(exc, GpuKernelsError):
-            print(f"gpukernels {args.command}: {exc}", file=sys.stderr)
+            model = getattr(args, "model", None)
+            if args.command in ("run", "parity", "profile"):
+                model = model or str(bundled_model_path())
+                print(f"gpukernels {args.command}: model {model}: {exc}", file=sys.stderr)
+            else:
+                print(f"gpukernels {args.command}: {exc}", file=sys.stderr)
             return EXIT_FAILED
         raise
 

@@ -100,3 +100,13 @@ def test_profile_lists_every_op_type(tmp_path, capsys):
     import gpukernels
 
     assert gpukernels.profile(str(path), repeat=2).device == "cpu"
+
+
+def test_errors_name_model_node_and_value(tmp_path, capsys):
+    m = _mlp()
+    m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones((15, 4), np.float32), "w2"))  # wrong shape
+    path = tmp_path / "broken.onnx"
+    onnx.save(m, str(path))
+    assert cli_main(["run", str(path), "--device", "cpu", "--dim", "n=2"]) == 1
+    err = capsys.readouterr().err
+    assert "broken.onnx" in err and "fc2" in err and "MatMul" in err and "float32[15, 4]" in err
