@@ -150,6 +150,8 @@ class _Pointer:
 
 
 def _new(a: np.ndarray) -> "ndarray":
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)  # NumPy gives scalars for 0-d results of some operations
     check_dtype(a.dtype)
     arr = object.__new__(ndarray)
     arr._a = a
@@ -491,6 +493,8 @@ class ndarray:
             casting = "unsafe"
         if not copy and self._a.dtype == dt:
             return self
+        if self._a.dtype.kind == "f" and dt.kind in "iu":
+            return _new(float_to_int(self._a, dt, order))
         return _new(self._a.astype(dt, order=order, casting=casting, copy=True))
 
     def view(self, dtype=None, array_class=None):
@@ -564,6 +568,21 @@ class ndarray:
 
 
 ndarray.__module__ = "cupy"
+
+
+def float_to_int(a: np.ndarray, dt: np.dtype, order="K") -> np.ndarray:
+    """A float -> integer conversion as CUDA does it (PTX cvt.rzi: truncate toward zero,
+    clamp to the destination range, NaN -> 0), not as x86 NumPy does (wrap-around or
+    INT_MIN for out-of-range values: undefined behaviour in C)."""
+    info = np.iinfo(dt)
+    with np.errstate(invalid="ignore"):
+        x = np.trunc(a.astype(np.float64))
+        x = np.where(np.isnan(x), 0.0, x)
+        lo, hi = float(info.min), float(info.max)
+        out = np.clip(x, lo, hi).astype(dt, order=order)
+        if info.bits == 64:  # float(max) rounds up to 2**63 / 2**64: keep the max exactly
+            out = np.where(x >= hi, info.max, out).astype(dt)
+    return np.asarray(out)
 
 
 class _Base:
