@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.resources
 import importlib.util
 import os
 import threading
@@ -42,14 +41,14 @@ INT32_MAX = 2**31 - 1
 @functools.lru_cache(maxsize=1)
 def source_dir() -> Path:
     """The folder holding the .cu/.cuh sources (installed package or the checkout's cuda/)."""
-    try:
-        root = importlib.resources.files("gpukernels.cuda_sources")
-        path = Path(str(root))
-        if path.is_dir():
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    path = Path(__file__).resolve().parents[2] / "cuda"
+    # Installed: setup.py maps the top-level cuda/ folder to gpukernels/cuda_sources (a
+    # namespace package: no __init__.py, so the folder cannot shadow NVIDIA's `cuda`
+    # package when Python runs from the checkout).
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "cuda_sources"
+    if installed.is_dir():
+        return installed
+    path = package.parent / "cuda"
     if not path.is_dir():
         raise CudaKernelError(f"CUDA sources not found (looked for package gpukernels.cuda_sources and {path})")
     return path

@@ -117,11 +117,52 @@ class Celu(MathUnary):
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 
+# float32 Gelu on the host: erf(x / sqrt 2) = tanh(t * G(t^2)) with t = clip(x, -6, 6) and G
+# the degree-6 polynomial below (a weighted minimax fit of atanh(erf(x / sqrt 2)) / x).
+# Against float64 the result is within 1.1e-7 of erf, so Gelu is within 1.6e-7 relative
+# for x >= -1 and 7e-7 absolute everywhere (the former rational erf: 2.4e-7 / 1.2e-6).
+# tanh(6 * G(36)) = tanh(10.7) is exactly 1 in float32, so the tails saturate cleanly.
+# Fewer passes than a rational erf (19 in-place ufunc calls per block instead of ~30).
+_GELU_G = (0.7978842123598643, 0.036335611581176756, -3.497889329194118e-05, -5.441374149485185e-05,
+           3.81520109543707e-06, -1.2118055784503918e-07, 1.4642918914334346e-09)
+_GELU_CLIP = 6.0
+_GELU_BLOCK = 1 << 15  # elements: x, out and two scratch blocks stay in L2
+
+
+def _gelu_erf_f32(xp, x):
+    """0.5 x (1 + erf(x / sqrt 2)) of a float32 array, block by block, in place."""
+    f = np.float32
+    g = [f(c) for c in _GELU_G]
+    flat = xp.ascontiguousarray(x).reshape(-1)
+    out = xp.empty_like(flat)
+    n = flat.size
+    block = min(n, _GELU_BLOCK) if xp is np else n
+    t_buf = xp.empty(block, f)
+    z_buf = xp.empty(block, f)
+    lo, hi = f(-_GELU_CLIP), f(_GELU_CLIP)
+    for s in range(0, n, max(block, 1)):
+        e = min(n, s + block)
+        xb, p = flat[s:e], out[s:e]
+        t, z = t_buf[:e - s], z_buf[:e - s]
+        xp.clip(xb, lo, hi, out=t)
+        xp.multiply(t, t, out=z)
+        xp.multiply(z, g[6], out=p)
+        for c in g[5:0:-1]:
+            p += c
+            p *= z
+        p += g[0]
+        p *= t
+        xp.tanh(p, out=p)
+        xp.multiply(xb, f(0.5), out=t)
+        p *= t
+        p += t
+    return out.reshape(x.shape)
+
 
 @register()
 class Gelu(MathUnary):
     """approximate='none': 0.5 x (1 + erf(x / sqrt 2)); 'tanh': 0.5 x (1 + tanh(sqrt(2/pi)
-    (x + 0.044715 x^3)))."""
+    (x + 0.044715 x^3))).  float32 on the host uses a tanh-based erf (see _GELU_G)."""
 
     def __call__(self, X, approximate="none"):
         if isinstance(approximate, bytes):
@@ -145,16 +186,13 @@ class Gelu(MathUnary):
                 t *= f(0.5)
                 return t
             return blockwise(xp, fn, x)
-
-        def fn(v):
-            e = erf(xp, v * f(_SQRT1_2))
-            e += f(1)
-            e *= v
-            e *= f(0.5)
-            return e
         if xp is np and x.dtype == np.float32:
-            return blockwise(xp, fn, x)
-        return fn(x)
+            return _gelu_erf_f32(xp, x)
+        e = erf(xp, x * f(_SQRT1_2))
+        e += f(1)
+        e *= x
+        e *= f(0.5)
+        return e
 
 
 @register()

@@ -121,8 +121,9 @@ def assign_rows_last_wins(xp, target, rows, values) -> None:
         return
     import cupyx
 
-    order = xp.arange(rows.size, dtype=xp.int64)
-    winner = xp.full(target.shape[0], -1, dtype=xp.int64)
+    # CUDA has no 64-bit signed atomicMax: rank the updates 1..M as uint64 (0 = none)
+    order = xp.arange(1, rows.size + 1, dtype=xp.uint64)
+    winner = xp.zeros(target.shape[0], dtype=xp.uint64)
     cupyx.scatter_max(winner, rows, order)
     keep = winner[rows] == order
     target[rows[keep]] = values[keep]

@@ -26,13 +26,7 @@ What it reproduces from CuPy 14 (see tests/cupy_sim/README.md):
 
 from __future__ import annotations
 
-import builtins
-import functools
 import json
-import math
-import operator
-import types
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -815,8 +809,9 @@ class ufunc:
     def outer(self, A, B, **kwargs):
         A = _as_device(A)
         B = _as_device(B)
-        A = A.reshape(A.shape + (1,) * B.ndim)
-        B = B.reshape((1,) * A.ndim + B.shape) if False else B.reshape((1,) * (A.ndim - B.ndim) + B.shape)
+        ndim_a, ndim_b = A.ndim, B.ndim
+        A = A.reshape(A.shape + (1,) * ndim_b)
+        B = B.reshape((1,) * ndim_a + B.shape)
         return self(A, B, **kwargs)
 
     def at(self, a, indices, b=None):

@@ -48,10 +48,7 @@ def function_for(np_func):
     parts = module.split(".")[1:]
     # numpy._core.fromnumeric etc. are exposed at the top level
     mod = "cupy" if not parts or parts[0].startswith("_") else "cupy." + ".".join(parts)
-    f = _FUNCTIONS.get((mod, np_func.__name__))
-    if f is None and mod != "cupy":
-        f = None
-    return f
+    return _FUNCTIONS.get((mod, np_func.__name__))
 
 
 # ----------------------------------------------------------- special values
@@ -448,8 +445,6 @@ def populate(namespace: dict, modname: str, extra: dict | None = None) -> None:
             if np_obj is None or not callable(np_obj):
                 namespace[name] = _unsupported(f"{modname}.{name}")
                 continue
-            if isinstance(np_obj, np.ufunc) and modname == "cupy" and name == "matmul":
-                pass
             f = _generic_function(f"{modname}.{name}", np_obj, info["signature"],
                                   strict=name not in _TAKES_HOST)
             _FUNCTIONS[(modname, name)] = f
