@@ -53,6 +53,9 @@ class Scope:
 
 
 _MISSING = object()
+# Exceptions a kernel may raise that are reported as a NodeError naming the node.
+_KERNEL_ERRORS = (ValueError, TypeError, IndexError, KeyError, ArithmeticError, RuntimeError,
+                  NotImplementedError, AttributeError, AssertionError)
 
 
 @dataclass
@@ -109,7 +112,7 @@ class PreparedNode:
 
     __slots__ = ("node", "name", "op_type", "domain", "inputs", "outputs", "kernel", "attrs",
                  "function", "needs_scope", "since_version", "schema_function", "_expanded",
-                 "n_outputs", "requested")
+                 "n_outputs", "requested", "simple")
 
     def __init__(self, node: onnx.NodeProto):
         self.node = node
@@ -129,6 +132,7 @@ class PreparedNode:
         # which outputs the graph uses, when not all of them (kernels may skip the rest)
         self.requested = tuple(bool(o) for o in self.outputs) \
             if len(self.outputs) > 1 or (self.outputs and not self.outputs[0]) else None
+        self.simple = False  # set once the kernel is known (see PreparedGraph._prepare_node)
 
     def describe(self) -> str:
         return f"node '{self.name}' ({self.domain or 'ai.onnx'}::{self.op_type})"
@@ -170,6 +174,12 @@ class PreparedGraph:
             nodes = graph.node
             self.constants = self._load_initializers(graph)
         self.nodes = [self._prepare_node(n) for n in nodes]
+        # the fast path only serves nodes whose inputs all live in this graph's own scope
+        local = set(self.input_names) | set(self.constants)
+        for p in self.nodes:
+            if p.simple and not all(n in local for n in p.inputs):
+                p.simple = False
+            local.update(p.outputs)
         self.release_plan = self._plan_releases()
         self._steps = list(zip(self.nodes, self.release_plan))
 
@@ -216,6 +226,8 @@ class PreparedGraph:
         schema = _schema(p.op_type, p.domain, opset if opset is not None else version)
         p.attrs = self._bind(node, schema, p)
         p.kernel = cls(self.ctx, version)
+        p.simple = (not p.needs_scope and p.requested is None and len(p.outputs) == 1
+                    and all(p.inputs))
         return p
 
     def _bind(self, node, schema, p: PreparedNode) -> dict:
@@ -267,7 +279,27 @@ class PreparedGraph:
         run_node = self._run_node
         pop = values.pop
         for p, release in self._steps:
-            run_node(p, scope, observer)
+            if p.simple and observer is None:
+                # fast path: a one-output kernel whose inputs are all local values
+                try:
+                    args = [values[n] for n in p.inputs]
+                except KeyError:
+                    run_node(p, scope, observer)
+                else:
+                    try:
+                        result = p.kernel(*args, **p.attrs)
+                    except GpuKernelsError as exc:
+                        if getattr(exc, "node_name", None):
+                            raise
+                        raise self._wrap(p, args, exc) from exc
+                    except _KERNEL_ERRORS as exc:
+                        raise self._wrap(p, args, exc) from exc
+                    if result.__class__ is Tensor:
+                        values[p.outputs[0]] = result
+                    else:
+                        self._store(p, args, result, values)
+            else:
+                run_node(p, scope, observer)
             for name in release:
                 pop(name, None)
         out = []
@@ -314,19 +346,22 @@ class PreparedGraph:
             if getattr(exc, "node_name", None):
                 raise
             raise self._wrap(p, args, exc) from exc
-        except (ValueError, TypeError, IndexError, KeyError, ArithmeticError, RuntimeError,
-                NotImplementedError, AttributeError, AssertionError) as exc:
+        except _KERNEL_ERRORS as exc:
             raise self._wrap(p, args, exc) from exc
+        outputs = self._store(p, args, result, scope.values)
+        if observer is not None:
+            observer(p, args, outputs[:len(p.outputs)], time.perf_counter() - t0)
+
+    def _store(self, p: PreparedNode, args, result, values: dict) -> list:
+        """Bind a kernel's result to the node's output names; returns the outputs."""
         outputs = [result] if result.__class__ is Tensor else _as_outputs(result)
         if len(outputs) < p.n_outputs:
             raise self._wrap(p, args, ModelError(
                 f"kernel returned {len(outputs)} output(s), the node names {len(p.outputs)}"))
-        values = scope.values
         for name, v in zip(p.outputs, outputs):
             if name:
                 values[name] = v
-        if observer is not None:
-            observer(p, args, outputs[:len(p.outputs)], time.perf_counter() - t0)
+        return outputs
 
     def _wrap(self, p: PreparedNode, args, exc: BaseException):
         shown = ", ".join(f"{n or '<omitted>'}: {describe(a)}" for n, a in zip(p.inputs, args))

@@ -20,16 +20,16 @@ class MatMul(KernelBase):
         a = self.tensor(A, "A")
         b = self.tensor(B, "B")
         self.check_inputs(a, b)
-        if a.ndim == 0 or b.ndim == 0:
+        sa, sb = a.array.shape, b.array.shape
+        if len(sa) == 0 or len(sb) == 0:
             raise self.error("operands must have at least one dimension", A=a, B=b)
-        ka = a.shape[-1]
-        kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
-        if ka != kb:
-            raise self.error(f"inner dimensions differ ({ka} vs {kb})", A=a, B=b)
-        batch_a, batch_b = a.shape[:-2], b.shape[:-2]
-        for da, db in zip(reversed(batch_a), reversed(batch_b)):
-            if da != db and 1 not in (da, db):
-                raise self.error("batch dimensions do not broadcast", A=a, B=b)
+        if sa[-1] != (sb[-2] if len(sb) > 1 else sb[0]):
+            raise self.error(f"inner dimensions differ ({sa[-1]} vs {sb[-2] if len(sb) > 1 else sb[0]})",
+                             A=a, B=b)
+        if len(sa) > 2 and len(sb) > 2:
+            for da, db in zip(reversed(sa[:-2]), reversed(sb[:-2])):
+                if da != db and 1 not in (da, db):
+                    raise self.error("batch dimensions do not broadcast", A=a, B=b)
         y = self.xp.matmul(self.to_compute(a), self.to_compute(b))
         return self.from_compute(y, a.data_type)
 
