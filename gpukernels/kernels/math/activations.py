@@ -117,52 +117,60 @@ class Celu(MathUnary):
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 
-# float32 Gelu on the host: erf(x / sqrt 2) = tanh(t * G(t^2)) with t = clip(x, -6, 6) and G
-# the degree-6 polynomial below (a weighted minimax fit of atanh(erf(x / sqrt 2)) / x).
-# Against float64 the result is within 1.1e-7 of erf, so Gelu is within 1.6e-7 relative
-# for x >= -1 and 7e-7 absolute everywhere (the former rational erf: 2.4e-7 / 1.2e-6).
-# tanh(6 * G(36)) = tanh(10.7) is exactly 1 in float32, so the tails saturate cleanly.
-# Fewer passes than a rational erf (19 in-place ufunc calls per block instead of ~30).
-_GELU_G = (0.7978842123598643, 0.036335611581176756, -3.497889329194118e-05, -5.441374149485185e-05,
-           3.81520109543707e-06, -1.2118055784503918e-07, 1.4642918914334346e-09)
-_GELU_CLIP = 6.0
-_GELU_BLOCK = 1 << 15  # elements: x, out and two scratch blocks stay in L2
+# float32 Gelu on the host: Gelu(x) = x * Phi(x), Phi(x) = 1 / (1 + exp(-2 g(x))) with
+# g(x) = atanh(erf(x / sqrt 2)), approximated as g(x) = x * P(z) / Q(z), z = min(x^2, 1e4),
+# P cubic and Q monic cubic: a weighted least-squares (Lawson) fit on |x| <= 6 of the float64
+# g, each point weighted by its effect on erf (x * sech(g)^2); fitted error 4e-9 in erf.
+# Measured in float32 against float64 on 7e5 points of [-12, 12]: relative error <= 3.1e-7
+# for x >= -1 and <= 2.5e-6 on [-3, -1] (no 1 + erf cancellation), absolute <= 5.4e-7 (the
+# former rational erf: 8e-5 on [-3, -1], 1.2e-6 absolute).  The large-|x| tails saturate
+# through exp: x / (1 + inf) = -0 and x / (1 + 0) = x.  18 in-place ufunc calls per block.
+_GELU_P = (20064.30513059213, 2484.119269651739, 188.2809829766163, 4.770953939984689)
+_GELU_Q = (25146.876477614733, 1968.199399786798, 147.50310082960888)  # + z^3
+_GELU_BLOCK = 1 << 16  # elements: x, out and two scratch blocks stay in L2
 
 
 def _gelu_erf_f32(xp, x):
     """0.5 x (1 + erf(x / sqrt 2)) of a float32 array, block by block, in place."""
     f = np.float32
-    g = [f(c) for c in _GELU_G]
+    pc = [f(-2.0 * c) for c in _GELU_P]  # -2 g(x) directly
+    qc = [f(c) for c in _GELU_Q]
     flat = xp.ascontiguousarray(x).reshape(-1)
     out = xp.empty_like(flat)
     n = flat.size
-    block = min(n, _GELU_BLOCK) if xp is np else n
-    t_buf = xp.empty(block, f)
+    block = max(1, min(n, _GELU_BLOCK) if xp is np else n)
     z_buf = xp.empty(block, f)
-    lo, hi = f(-_GELU_CLIP), f(_GELU_CLIP)
-    for s in range(0, n, max(block, 1)):
-        e = min(n, s + block)
-        xb, p = flat[s:e], out[s:e]
-        t, z = t_buf[:e - s], z_buf[:e - s]
-        xp.clip(xb, lo, hi, out=t)
-        xp.multiply(t, t, out=z)
-        xp.multiply(z, g[6], out=p)
-        for c in g[5:0:-1]:
-            p += c
+    q_buf = xp.empty(block, f)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s in range(0, n, block):
+            e = min(n, s + block)
+            xb, p = flat[s:e], out[s:e]
+            z, q = z_buf[:e - s], q_buf[:e - s]
+            xp.multiply(xb, xb, out=z)
+            xp.minimum(z, f(1e4), out=z)  # keeps z^3 finite; g(100) is far in the saturated tail
+            xp.multiply(z, pc[3], out=p)
+            p += pc[2]
             p *= z
-        p += g[0]
-        p *= t
-        xp.tanh(p, out=p)
-        xp.multiply(xb, f(0.5), out=t)
-        p *= t
-        p += t
+            p += pc[1]
+            p *= z
+            p += pc[0]
+            xp.add(z, qc[2], out=q)
+            q *= z
+            q += qc[1]
+            q *= z
+            q += qc[0]
+            p /= q
+            p *= xb
+            xp.exp(p, out=p)
+            p += f(1)
+            xp.divide(xb, p, out=p)
     return out.reshape(x.shape)
 
 
 @register()
 class Gelu(MathUnary):
     """approximate='none': 0.5 x (1 + erf(x / sqrt 2)); 'tanh': 0.5 x (1 + tanh(sqrt(2/pi)
-    (x + 0.044715 x^3))).  float32 on the host uses a tanh-based erf (see _GELU_G)."""
+    (x + 0.044715 x^3))).  float32 on the host uses a rational sigmoid form (see _GELU_P)."""
 
     def __call__(self, X, approximate="none"):
         if isinstance(approximate, bytes):

@@ -7,6 +7,7 @@ greater than the axis length raises.
 
 For k much smaller than the axis a partial selection (partition at the k-th value, then
 ties resolved by index) precedes a sort of the k candidates; otherwise a stable full sort.
+For long rows a prefilter (a bound from per-group maxima) first keeps the few candidates.
 """
 
 from __future__ import annotations
@@ -54,11 +55,69 @@ def _tie_aware_select(xp, v, k, largest):
     return xp.nonzero(take)[1].reshape(rows, k)
 
 
+def _prefilter(xp, v, k, largest):
+    """For k much smaller than the row length: (candidate values, their columns), both
+    [rows, c] with c << n, holding every element of each row at least as good as its k-th
+    best (ties included), columns ascending, padded after the real ones with the worst
+    value; or None when a row holds NaN.
+
+    Each row is cut into m strided groups (column j belongs to group j % m); the k-th best
+    of the group maxima is a bound no better than the row's k-th best value (k distinct
+    elements reach it).  Only the groups reaching the bound are gathered and filtered,
+    so the full row is read twice (group maxima, nothing else); adversarial rows (many
+    ties at the bound) make c grow toward n."""
+    rows, n = v.shape
+    m = 32 * k
+    g = n // m  # full strides; columns g*m.. (< m of them) extend the first groups
+    tail = n - g * m
+    gm = (xp.max if largest else xp.min)(v[:, :g * m].reshape(rows, g, m), axis=1)
+    if tail:
+        (xp.maximum if largest else xp.minimum)(gm[:, :tail], v[:, g * m:], out=gm[:, :tail])
+    if v.dtype.kind == "f" and bool(xp.isnan(gm).any()):
+        return None
+    if largest:
+        bound = xp.partition(gm, m - k, axis=1)[:, m - k:m - k + 1]
+        hit = gm >= bound
+    else:
+        bound = xp.partition(gm, k - 1, axis=1)[:, k - 1:k]
+        hit = gm <= bound
+    gr, gj = xp.nonzero(hit)  # candidate groups
+    cols = gj[:, None] + m * xp.arange(g + 1)[None, :]  # (groups, g + 1) columns
+    inside = cols < n
+    xp.minimum(cols, n - 1, out=cols)
+    gv = xp.take(v.reshape(-1), cols + (gr * n)[:, None])
+    keep = inside & ((gv >= bound[gr]) if largest else (gv <= bound[gr]))
+    ci, cp = xp.nonzero(keep)
+    r = gr[ci]
+    c = cols[ci, cp]
+    counts = xp.bincount(r, minlength=rows)
+    width = int(counts.max())
+    start = xp.cumsum(counts) - counts
+    pos = xp.arange(r.shape[0]) - start[r]  # r is non-decreasing (groups come row by row)
+    if v.dtype.kind == "f":
+        pad = -np.inf if largest else np.inf
+    else:
+        pad = np.iinfo(v.dtype).min if largest else np.iinfo(v.dtype).max
+    big = np.iinfo(np.int64).max
+    out_c = xp.full((rows, width), big, dtype=np.int64)
+    out_c[r, pos] = c
+    out_c = xp.sort(out_c, axis=1)  # columns ascending; padding (big) last
+    real = out_c != big
+    vals = xp.where(real, v[xp.arange(rows)[:, None], xp.where(real, out_c, 0)], pad)
+    return vals.astype(v.dtype, copy=False), xp.where(real, out_c, 0)
+
+
 def topk_rows(xp, v, k, largest):
     """Indices [rows, k] of the top k of each row of the 2-D array v, in output order."""
     rows, n = v.shape
     if k == 0:
         return xp.zeros((rows, 0), dtype=np.int64)
+    if k * 64 <= n and n >= 4096 and v.dtype.kind in "fiu" and v.flags.c_contiguous:
+        pre = _prefilter(xp, v, k, largest)
+        if pre is not None and pre[0].shape[1] * 2 <= n:
+            vals, cols = pre
+            sel = topk_rows(xp, vals, k, largest)  # padding sorts after every real candidate
+            return xp.take_along_axis(cols, sel, axis=-1)
     if k * 8 < n and n > 64 and not (v.dtype.kind == "f" and bool(xp.isnan(v).any())):
         # candidates by a partial selection; rows where the k-th value is tied with values
         # left out are redone with an explicit lowest-index-first rule

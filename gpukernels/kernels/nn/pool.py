@@ -3,7 +3,9 @@ global pools.
 
 Windows are strided slices of a padded block (one slice per kernel tap, a loop over
 taps vectorised over every pixel); the batch and channel axes are fused and processed in
-chunks that stay in cache on the CPU (and under 256 MiB anywhere).
+chunks that stay in cache on the CPU (and under 256 MiB anywhere).  Host MaxPool (Y only)
+instead reduces one axis at a time with long shifted slices of the unpadded block and
+subsamples after each axis (see _dense_max_axis); the result is the same.
 
 Output sizes follow the ONNX text: explicit pads use floor (or ceil with ceil_mode) of
 (in + pads - ((k - 1) * dilation + 1)) / stride + 1, and with ceil_mode a last window
@@ -32,6 +34,7 @@ from ..base import KernelBase, register
 from . import _spatial as sp
 
 _POOL_BLOCK_BYTES = 512 * 1024
+_DENSE_BLOCK_BYTES = 256 * 1024  # host max pooling: a block and its two scratch copies stay in L2
 
 
 # ------------------------------------------------------------------ geometry
@@ -129,6 +132,89 @@ def _tap_view(block, geo, tap):
                                                 geo.strides, geo.out)]
 
 
+def _dense_plan(S, offsets):
+    """For one axis of length S and tap offsets: the boundary positions (where a tap falls
+    outside [0, S)) with the in-range source positions of each."""
+    lo_d, hi_d = min(offsets), max(offsets)
+    edge = sorted(set(range(min(S, max(0, -lo_d)))) | set(range(max(0, S - max(0, hi_d)), S)))
+    return [(i, [i + d for d in offsets if 0 <= i + d < S]) for i in edge]
+
+
+def _dense_max_axis(xp, a, axis, offsets, plan, fill, out):
+    """D[..., i, ...] = max over taps t with 0 <= i + offsets[t] < S of a[..., i + offsets[t], ...]
+    (fill where no tap is valid), for every position i of the contiguous a along axis.
+
+    The taps are applied as shifted slices of the flattened array -- long contiguous
+    passes -- which read wrong neighbours (the next row, image...) only at the few boundary
+    positions near either end of the axis (``plan``); those are recomputed from their
+    valid taps."""
+    shape = a.shape
+    st = 1
+    for v in shape[axis + 1:]:
+        st *= v
+    flat = a.reshape(-1)
+    out = out[:flat.size]
+    lo = max(0, -min(offsets)) * st
+    hi = flat.size - max(0, max(offsets)) * st
+    if hi > lo:
+        dst = out[lo:hi]
+        d0 = offsets[0] * st
+        if len(offsets) == 1:
+            dst[...] = flat[lo + d0:hi + d0]
+        else:
+            d1 = offsets[1] * st
+            xp.maximum(flat[lo + d0:hi + d0], flat[lo + d1:hi + d1], out=dst)
+            for d in offsets[2:]:
+                xp.maximum(dst, flat[lo + d * st:hi + d * st], out=dst)
+    outv = out.reshape(shape)
+    lead = (slice(None),) * axis
+    for i, valid in plan:
+        dst = outv[lead + (i,)]
+        if not valid:
+            dst[...] = fill
+        elif len(valid) == 1:
+            dst[...] = a[lead + (valid[0],)]
+        else:
+            xp.maximum(a[lead + (valid[0],)], a[lead + (valid[1],)], out=dst)
+            for j in valid[2:]:
+                xp.maximum(dst, a[lead + (j,)], out=dst)
+    return outv
+
+
+def _max_pool_dense(xp, x2, geo, fill):
+    """Max pooling of (NC, *S) by separable dense passes (see _dense_max_axis) over
+    cache-sized blocks of NC, subsampling after each axis; None when an output window
+    starts past the input's end (ceil_mode / large end pads), where it does not apply."""
+    n_sp = x2.ndim - 1
+    S = x2.shape[1:]
+    O = geo.out
+    if any((O[d] - 1) * geo.strides[d] >= S[d] for d in range(n_sp)):
+        return None
+    NC = x2.shape[0]
+    out = xp.empty((NC,) + tuple(O), dtype=x2.dtype)
+    per = max(1, sp.prod(S) * x2.dtype.itemsize)
+    step = min(NC, max(1, _DENSE_BLOCK_BYTES // per))
+    offsets = [[t * geo.dilations[d] - geo.pads[d] for t in range(geo.kernel[d])] for d in range(n_sp)]
+    plans = [_dense_plan(S[d], offsets[d]) for d in range(n_sp)]
+    subs = [(slice(None),) * (d + 1) + (slice(0, (O[d] - 1) * geo.strides[d] + 1, geo.strides[d]),)
+            for d in range(n_sp)]
+    # two scratch buffers reused by every block (fresh large buffers cost page faults)
+    dense_buf = xp.empty(step * sp.prod(S), dtype=x2.dtype)
+    cur_buf = xp.empty(step * sp.prod(S), dtype=x2.dtype) if n_sp > 1 else None
+    for a in range(0, NC, step):
+        cur = x2[a:a + step]
+        if not cur.flags.c_contiguous:
+            cur = xp.ascontiguousarray(cur)
+        for d in range(n_sp):
+            sub = _dense_max_axis(xp, cur, d + 1, offsets[d], plans[d], fill, dense_buf)[subs[d]]
+            if d == n_sp - 1:
+                out[a:a + step] = sub
+            else:
+                cur = cur_buf[:sub.size].reshape(sub.shape)
+                cur[...] = sub
+    return out
+
+
 def pool_reduce(xp, x, geo, kind, p=2.0, include_pad=False):
     """kind 'max' | 'avg' | 'lp' over (N, C, *S) compute array x."""
     N, C = x.shape[:2]
@@ -140,6 +226,9 @@ def pool_reduce(xp, x, geo, kind, p=2.0, include_pad=False):
     x2 = x.reshape((N * C,) + tuple(S))
     if kind == "max":
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        dense = _max_pool_dense(xp, x2, geo, fill) if xp is np else None
+        if dense is not None:
+            return dense.reshape((N, C) + tuple(geo.out))
     else:
         fill = 0
     for a, b, block in _blocks(xp, x2, geo, fill):

@@ -95,6 +95,47 @@ class _Activation:
         return x
 
 
+# OpenBLAS runs a matrix product single-threaded when m*n*k is at most 65536 * 4; above
+# that it wakes its worker threads, which for the small per-step products of a recurrence
+# costs more than it saves (and stalls badly when the cores are busy).
+_SMALL_GEMM = 65536 * 4
+
+
+class _StepMatmul:
+    """gates = h @ Rt + xs for one time step.  On the host, when one product is small,
+    it is done as a batch of column blocks each below OpenBLAS's threading threshold (one
+    batched matmul call), and the input projection is added while reordering the blocks
+    back into (N, gates*H)."""
+
+    def __init__(self, xp, Rt, N, dtype):
+        self.xp = xp
+        Hh, G = Rt.shape
+        self.Rt = Rt
+        self.blocks = None
+        if xp is np and N * Hh * G > _SMALL_GEMM:
+            cw = _SMALL_GEMM // max(1, N * Hh)
+            while cw >= 16 and G % cw:
+                cw -= 1
+            if cw >= 16:
+                nb = G // cw
+                self.blocks = (nb, cw)
+                self.Rb = xp.ascontiguousarray(Rt.reshape(Hh, nb, cw).transpose(1, 0, 2))  # (nb, H, cw)
+                self.buf = xp.empty((nb, N, cw), dtype=dtype)
+
+    def __call__(self, h, x_step):
+        xp = self.xp
+        if self.blocks is None or h.shape[0] != self.buf.shape[1]:
+            gates = xp.matmul(h, self.Rt)
+            gates += x_step
+            return gates
+        nb, cw = self.blocks
+        N = h.shape[0]
+        xp.matmul(h, self.Rb, out=self.buf)
+        gates = xp.empty((N, nb * cw), dtype=self.buf.dtype)
+        xp.add(self.buf.transpose(1, 0, 2), x_step.reshape(N, nb, cw), out=gates.reshape(N, nb, cw))
+        return gates
+
+
 class _RecurrentBase(KernelBase):
     """Shared validation, layout handling and sequence bookkeeping."""
 
@@ -459,6 +500,7 @@ class LSTM(_RecurrentBase):
             xs = self._gather_steps(proj[d], idx, reverse)
             f, g, hf = acts[d]
             Rt = xp.ascontiguousarray(R_[d].T)  # (H, 4H)
+            step_mm = _StepMatmul(xp, Rt, p["N"], cdt)
             pi = po = pf = None
             if peep is not None:
                 pi, po, pf = peep[d, :H], peep[d, H:2 * H], peep[d, 2 * H:]
@@ -466,8 +508,7 @@ class LSTM(_RecurrentBase):
             h, c = h0[d], c0[d]
             out = xp.zeros((p["S"], p["N"], H), dtype=cdt) if want_y else None
             for s in range(p["S"]):
-                gates = xp.matmul(h, Rt)
-                gates += xs[s]
+                gates = step_mm(h, xs[s])
                 gi, go, gf, gc = gates[:, :H], gates[:, H:2 * H], gates[:, 2 * H:3 * H], gates[:, 3 * H:]
                 if fused:  # i, o and f through one call (o needs no peephole here)
                     ifo = self._clip(xp, gates[:, :3 * H], clip)
