@@ -274,3 +274,51 @@ def scatter_assign_last_wins(xp, target, flat_indices, values) -> None:
     cupyx.scatter_max(winner, flat_indices, order)
     keep = winner[flat_indices] == order
     flat_target[flat_indices[keep]] = values[keep]
+
+
+# ------------------------------------------------------------- host threading
+# NumPy releases the GIL inside its loops, so big elementwise work on the host can be
+# split over a few threads.  Kernels hand over independent ranges of a blocked loop.
+
+_POOL = None
+
+
+def host_threads() -> int:
+    """Worker threads for large host kernels: GPUKERNELS_CPU_THREADS, else the number of
+    cores (at most 8)."""
+    import os
+
+    value = os.environ.get("GPUKERNELS_CPU_THREADS")
+    if value and value.isdigit():
+        return max(1, int(value))
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def parallel_ranges(n: int, min_items: int, fn) -> None:
+    """Run fn(start, stop) over [0, n), split into one contiguous range per thread when
+    every range gets at least min_items items (otherwise in the calling thread).  The
+    caller's NumPy error state applies in every thread; the first exception is re-raised."""
+    global _POOL
+    workers = min(host_threads(), n // max(1, min_items))
+    if workers <= 1:
+        fn(0, n)
+        return
+    if _POOL is None or _POOL._max_workers < workers - 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=max(workers - 1, 1), thread_name_prefix="gpukernels")
+    errstate = np.geterr()
+
+    def run(lo, hi):
+        with np.errstate(**errstate):
+            fn(lo, hi)
+
+    bounds = [n * i // workers for i in range(workers + 1)]
+    futures = [_POOL.submit(run, bounds[i], bounds[i + 1]) for i in range(1, workers)]
+    try:
+        fn(bounds[0], bounds[1])
+    finally:
+        errors = [f.exception() for f in futures]
+    for e in errors:
+        if e is not None:
+            raise e

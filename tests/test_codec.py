@@ -216,3 +216,44 @@ def test_e8m0(mode, saturate):
 def test_e8m0_bad_mode():
     with pytest.raises(ValueError):
         codec.encode(np, np.ones(2, np.float32), DataType.FLOAT8E8M0, True, "sideways")
+
+
+# ------------------------------------------------------------------ host float32 fast path
+
+
+def _arith(x, dt, saturate):
+    """The array-arithmetic encoder (the GPU path) on the host."""
+    sat = False if dt == DataType.BFLOAT16 else saturate
+    return codec._encode_binary(np, x, codec.FORMATS[dt], sat, info(dt).storage)
+
+
+@pytest.mark.parametrize("saturate", [True, False])
+@pytest.mark.parametrize("dt", SMALL, ids=lambda d: d.name)
+def test_float32_table_every_class(dt, saturate):
+    """The lookup table covers every float32: each (top 16 bits, lower bits zero / not)
+    class, probed at its representative and at the ends of the nonzero class, encodes as
+    the arithmetic path and as ml_dtypes."""
+    hi = np.arange(2 ** 16, dtype=np.uint32) << 16
+    for low in (0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF):
+        x = (hi | np.uint32(low)).view(np.float32)
+        got = codec.encode(np, x, dt, saturate)
+        np.testing.assert_array_equal(got, _arith(x, dt, saturate))
+        nan = np.isnan(x)
+        np.testing.assert_array_equal(got[~nan], _expected(x[~nan], dt, saturate))
+
+
+def test_float32_host_paths_match_arithmetic():
+    """Chunked host path == arithmetic path on random bit patterns (several chunks,
+    a ragged last one, a non-contiguous and a 2-D input)."""
+    rng = np.random.default_rng(11)
+    u = rng.integers(0, 2 ** 32, codec.HOST_CHUNK * 2 + 123, dtype=np.uint64).astype(np.uint32)
+    x = u.view(np.float32)
+    for dt in SMALL + [DataType.BFLOAT16]:
+        for sat in (True, False):
+            want = _arith(x, dt, sat)
+            np.testing.assert_array_equal(codec.encode(np, x, dt, sat), want)
+            np.testing.assert_array_equal(codec.encode(np, x[::3], dt, sat), want[::3])
+            got2 = codec.encode(np, x[:600].reshape(20, 30), dt, sat)
+            assert got2.shape == (20, 30)
+            np.testing.assert_array_equal(got2.reshape(-1), want[:600])
+    assert codec.encode(np, np.zeros((0, 3), np.float32), DataType.FLOAT8E4M3FN).shape == (0, 3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...xp import is_cupy_array
+from ...xp import is_cupy_array, parallel_ranges
 
 # ---------------------------------------------------------------- blocked evaluation
 
@@ -26,9 +26,13 @@ def blockwise(xp, fn, x, out_dtype=None, *others):
     flat = np.ascontiguousarray(x).reshape(-1)
     oflat = [np.ascontiguousarray(o).reshape(-1) for o in others]
     out = np.empty(flat.size, out_dtype)
-    for s in range(0, flat.size, _BLOCK):
-        e = s + _BLOCK
-        out[s:e] = fn(flat[s:e], *(o[s:e] for o in oflat))
+
+    def blocks(lo, hi):
+        for s in range(lo, hi, _BLOCK):
+            e = min(hi, s + _BLOCK)
+            out[s:e] = fn(flat[s:e], *(o[s:e] for o in oflat))
+
+    parallel_ranges(flat.size, 8 * _BLOCK, blocks)  # independent blocks over host threads
     return out.reshape(x.shape)
 
 

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 from ._mathcommon import MathUnary, XUnary, blockwise, erf
 
@@ -139,32 +140,41 @@ def _gelu_erf_f32(xp, x):
     out = xp.empty_like(flat)
     n = flat.size
     block = max(1, min(n, _GELU_BLOCK) if xp is np else n)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if xp is np:  # independent blocks: split over host threads
+            parallel_ranges(n, 8 * block, lambda lo, hi: _gelu_range(xp, flat, out, lo, hi, block, pc, qc))
+        else:
+            _gelu_range(xp, flat, out, 0, n, block, pc, qc)
+    return out.reshape(x.shape)
+
+
+def _gelu_range(xp, flat, out, lo, hi, block, pc, qc):
+    """Gelu of flat[lo:hi] into out[lo:hi], in blocks with their own scratch."""
+    f = np.float32
     z_buf = xp.empty(block, f)
     q_buf = xp.empty(block, f)
-    with np.errstate(over="ignore", invalid="ignore"):
-        for s in range(0, n, block):
-            e = min(n, s + block)
-            xb, p = flat[s:e], out[s:e]
-            z, q = z_buf[:e - s], q_buf[:e - s]
-            xp.multiply(xb, xb, out=z)
-            xp.minimum(z, f(1e4), out=z)  # keeps z^3 finite; g(100) is far in the saturated tail
-            xp.multiply(z, pc[3], out=p)
-            p += pc[2]
-            p *= z
-            p += pc[1]
-            p *= z
-            p += pc[0]
-            xp.add(z, qc[2], out=q)
-            q *= z
-            q += qc[1]
-            q *= z
-            q += qc[0]
-            p /= q
-            p *= xb
-            xp.exp(p, out=p)
-            p += f(1)
-            xp.divide(xb, p, out=p)
-    return out.reshape(x.shape)
+    for s in range(lo, hi, block):
+        e = min(hi, s + block)
+        xb, p = flat[s:e], out[s:e]
+        z, q = z_buf[:e - s], q_buf[:e - s]
+        xp.multiply(xb, xb, out=z)
+        xp.minimum(z, f(1e4), out=z)  # keeps z^3 finite; g(100) is far in the saturated tail
+        xp.multiply(z, pc[3], out=p)
+        p += pc[2]
+        p *= z
+        p += pc[1]
+        p *= z
+        p += pc[0]
+        xp.add(z, qc[2], out=q)
+        q *= z
+        q += qc[1]
+        q *= z
+        q += qc[0]
+        p /= q
+        p *= xb
+        xp.exp(p, out=p)
+        p += f(1)
+        xp.divide(xb, p, out=p)
 
 
 @register()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 
 
@@ -40,8 +41,13 @@ def softmax_along(xp, x, axis: int):
         # (outer, n, inner) blocks of whole slices: the same reductions, in the same order
         x3 = xp.ascontiguousarray(x).reshape(outer, n, inner)
         out = xp.empty_like(x3)
-        for a in range(0, outer, step):
-            _softmax_into(xp, x3[a:a + step], out[a:a + step], 1)
+
+        def rows(lo, hi):
+            for a in range(lo, hi, step):
+                b = min(hi, a + step)
+                _softmax_into(xp, x3[a:b], out[a:b], 1)
+
+        parallel_ranges(outer, 8 * step, rows)  # independent rows: split over host threads
         return out.reshape(x.shape)
 
 

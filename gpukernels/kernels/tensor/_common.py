@@ -127,3 +127,24 @@ def assign_rows_last_wins(xp, target, rows, values) -> None:
     cupyx.scatter_max(winner, rows, order)
     keep = winner[rows] == order
     target[rows[keep]] = values[keep]
+
+
+TRANSPOSE_TILE = 64  # elements of the output's last axis copied per pass of a tiled transpose
+
+
+def permuted_copy(xp, view):
+    """A C-contiguous copy of ``view`` (typically a transposed view).
+
+    On the host, when the output's last axis reads the input with a large stride, the copy
+    runs in slices of TRANSPOSE_TILE along that axis: each pass then reuses the input cache
+    lines it touches for the next output rows instead of evicting them (several times
+    faster for big 2-D-like transposes).  On a GPU it is one ascontiguousarray."""
+    if xp is not np or view.ndim < 2 or view.flags.c_contiguous:
+        return xp.ascontiguousarray(view)
+    n = view.shape[-1]
+    if n < 2 * TRANSPOSE_TILE or view.size < (1 << 20) or abs(view.strides[-1]) < 128:
+        return np.ascontiguousarray(view)
+    out = np.empty(view.shape, dtype=view.dtype)
+    for a in range(0, n, TRANSPOSE_TILE):
+        np.copyto(out[..., a:a + TRANSPOSE_TILE], view[..., a:a + TRANSPOSE_TILE])
+    return out

@@ -10,13 +10,14 @@ a = -0.75) then read zeros outside the input ('zeros'), the clamped index ('bord
 the reflected index ('reflection').  Integer outputs of linear/cubic are rounded half to
 even and saturated.
 
-The index maps and tap weights are computed once per call with array operations; the
-gather runs over channel vectors (input transposed to channels-last once).
+The index maps and tap weights are computed once per call with array operations.  The
+input is transposed to channels-last once; one gather fetches the channel vectors of
+every tap of a chunk of output points, and one einsum sums them with their weights; the
+result is transposed back to channels-first once.  A tap outside the input under 'zeros'
+padding reads a clamped index with weight 0.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 
@@ -24,9 +25,10 @@ from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
 from ..base import KernelBase, register
-from ._common import host_ints, product, xp_for
+from ._common import host_ints, permuted_copy, product, xp_for
 
 _MODE_ALIASES = {"bilinear": "linear", "bicubic": "cubic"}
+_GATHER_CHUNK = 1 << 20  # elements of gathered taps held at once
 
 
 def _reflect(xp, x, lo: float, hi: float):
@@ -93,7 +95,15 @@ class GridSample(KernelBase):
             gc = gc.get()
         work = np.float64 if gc.dtype == np.float64 or x.array.dtype in (np.float64, np.complex128) else np.float32
         gc = gc.astype(work).reshape(N, M, r)
-        taps_per_axis = []  # per spatial axis k: list of (index (N, M) int64, weight or None, valid mask)
+        P = product(S)
+        T = 1 if mode == "nearest" else (2 if mode == "linear" else 4)
+        # Per spatial axis, (T, N, M) tap indices (times the axis stride) and weights, then
+        # combined over the axes by broadcasting into T ** r rows of the (N * P, C)
+        # channels-last input per output point, with their weights (taps leading, so the
+        # elementwise work runs along the long N * M axis).
+        lin = (xp.arange(N, dtype=xp.int64) * P).reshape(N, 1)
+        weight = None
+        valid = None
         for k in range(r):
             L = S[k]
             n = gc[..., r - 1 - k]
@@ -110,62 +120,57 @@ class GridSample(KernelBase):
             elif padding_mode == "reflection":
                 c = _reflect(xp, c, lo, hi)
             if mode == "nearest":
-                positions = [(xp.trunc(c), None)]
+                p, w = xp.trunc(c)[None], None
             else:
                 f = xp.floor(c)
                 t = c - f
                 if mode == "linear":
-                    positions = [(f, 1 - t), (f + 1, t)]
+                    p, w = xp.stack([f, f + 1]), xp.stack([1 - t, t])
                 else:
-                    ws = _cubic_w(xp, t)
-                    positions = [(f + (j - 1), ws[j]) for j in range(4)]
-            taps = []
-            for p, w in positions:
-                if padding_mode == "zeros":
-                    valid = (p >= 0) & (p <= L - 1)
-                elif padding_mode == "border":
-                    p, valid = xp.clip(p, 0, L - 1), None
-                else:
-                    p, valid = xp.trunc(_reflect(xp, p, lo, hi)), None
-                idx = xp.clip(p, 0, L - 1).astype(xp.int64)
-                taps.append((idx, w, valid))
-            taps_per_axis.append(taps)
-        strides = [product(S[k + 1:]) for k in range(r)]
+                    p, w = xp.stack([f - 1, f, f + 1, f + 2]), xp.stack(_cubic_w(xp, t))
+            v = None
+            if padding_mode == "zeros":
+                v = (p >= 0) & (p <= L - 1)
+                if w is not None:
+                    w = xp.where(v, w, 0)
+            elif padding_mode == "reflection":
+                p = xp.trunc(_reflect(xp, p, lo, hi))
+            idx = xp.clip(p, 0, L - 1).astype(xp.int64) * product(S[k + 1:])
+            shape = (1,) * k + (T,) + (1,) * (r - 1 - k) + (N, M)
+            lin = lin + idx.reshape(shape)
+            if w is not None:
+                w = w.reshape(shape)
+                weight = w if weight is None else weight * w
+            if v is not None and mode == "nearest":
+                v = v.reshape(shape)
+                valid = v if valid is None else valid & v
+        K = T ** r
+        # (N * M, K): the taps of one output point side by side
+        lin = xp.ascontiguousarray(lin.reshape(K, N * M).T)
         if mode == "nearest" or info.kind not in ("float", "complex"):
             src = x.array if mode == "nearest" else x.array.astype(np.float64)
         else:
             src = self.to_compute(x)
-        P = product(S)
-        xt = xp.ascontiguousarray(src.reshape(N, C, P).transpose(0, 2, 1)).reshape(N * P, C)  # rows of C
-        boff = (xp.arange(N, dtype=xp.int64) * P)[:, None]
-        acc = None
-        for combo in itertools.product(*taps_per_axis):
-            lin = None
-            weight = None
-            valid = None
-            for k, (idx, w, v) in enumerate(combo):
-                term = idx * strides[k]
-                lin = term if lin is None else lin + term
-                if w is not None:
-                    weight = w if weight is None else weight * w
-                if v is not None:
-                    valid = v if valid is None else valid & v
-            vals = xp.take(xt, (lin + boff).reshape(-1), axis=0).reshape(N, M, C)
-            if mode == "nearest":
-                if valid is not None:
-                    zero = "" if info.kind == "string" else 0
-                    vals = xp.where(valid[..., None], vals, xp.asarray(zero, dtype=vals.dtype)
-                                    if info.kind != "string" else zero)
-                acc = vals
-                break
+        # channels-last rows: every tap fetches a whole channel vector with one gather
+        xt = permuted_copy(xp, src.reshape(N, C, P).transpose(0, 2, 1)).reshape(N * P, C)
+        if mode == "nearest":
+            acc = xp.take(xt, lin.reshape(-1), axis=0)
             if valid is not None:
-                weight = xp.where(valid, weight, 0)
-            term = vals * weight[..., None].astype(work)
-            if acc is None:
-                acc = term
-            else:
-                acc += term
-        res = xp.ascontiguousarray(acc.transpose(0, 2, 1)).reshape(out_shape)
+                zero = "" if info.kind == "string" else xp.asarray(0, dtype=acc.dtype)
+                acc = xp.where(valid.reshape(-1, 1), acc, zero)
+            res = permuted_copy(xp, acc.reshape(N, M, C).transpose(0, 2, 1)).reshape(out_shape)
+        else:
+            wk = xp.ascontiguousarray(weight.reshape(K, N * M).T)
+            acc = xp.empty((N * M, C), dtype=np.result_type(src.dtype, work))
+            rows = max(1, _GATHER_CHUNK // (K * C))  # bounded workspace for the gathered taps
+            for r0 in range(0, N * M, rows):
+                g = xp.take(xt, lin[r0:r0 + rows].reshape(-1), axis=0).reshape(-1, K, C)
+                # acc[m, c] = sum_k w[m, k] * g[m, k, c]
+                if xp is np:
+                    np.einsum("mk,mkc->mc", wk[r0:r0 + rows], g, out=acc[r0:r0 + rows])
+                else:
+                    acc[r0:r0 + rows] = xp.einsum("mk,mkc->mc", wk[r0:r0 + rows], g)
+            res = permuted_copy(xp, acc.reshape(N, M, C).transpose(0, 2, 1)).reshape(out_shape)
         if mode == "nearest":
             return Tensor.wrap(res, x.data_type)
         if info.kind in ("int", "uint"):

@@ -21,13 +21,14 @@ from ._common import deliver, host_ints, norm_axis, on, product, xp_for
 
 def checked_indices(kernel, xp, idx, size: int, what: str = "indices", **inputs):
     """idx (int32/int64 array) with negatives wrapped, after checking -size <= i < size."""
+    lo = 0
     if idx.size:
         lo, hi = int(idx.min()), int(idx.max())
         if lo < -size or hi >= size:
             bad = lo if lo < -size else hi
             raise kernel.error(f"{what} value {bad} is out of range for an axis of size {size}", **inputs)
     idx = idx.astype(xp.int64) if idx.dtype != np.int64 else idx
-    if idx.size and int(idx.min()) < 0:
+    if lo < 0:
         idx = xp.where(idx < 0, idx + size, idx)
     return idx
 

@@ -2,13 +2,16 @@
 
 Pads are [x1_begin, x2_begin, ..., x1_end, x2_end] over all axes, or over ``axes``
 (opset 18+).  Negative pads remove elements first; the remaining positive pads are then
-filled.  Non-constant modes gather along each padded axis with an index map computed once
-per axis (so pads larger than the axis are defined: reflect repeats its mirror period,
+filled.  Non-constant modes copy each padded axis' border bands from the positions of an
+index map computed once per axis (a slice when the positions run by +-1 or repeat one
+element, a gather otherwise) (so pads larger than the axis are defined: reflect repeats its mirror period,
 wrap goes round the torus, edge repeats the edge).  reflect on an axis of size 1 repeats
 that element; non-constant padding of an empty axis raises.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -33,6 +36,34 @@ def pad_index(n: int, before: int, after: int, mode: str) -> np.ndarray:
     period = 2 * (n - 1)
     j = np.mod(i, period)
     return np.where(j < n, j, period - j)
+
+
+def _as_slice(idx: np.ndarray):
+    """A basic slice reading the positions idx (a run with step 1 or -1, or one position
+    repeated: a length-1 slice that broadcasts), else None (gather)."""
+    first = int(idx[0])
+    if idx.size == 1 or np.all(idx == first):
+        return slice(first, first + 1)
+    step = int(idx[1]) - first
+    if step in (1, -1) and np.all(np.diff(idx) == step):
+        stop = int(idx[-1]) + step
+        return slice(first, stop if stop >= 0 else None, step)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _bands(n: int, before: int, after: int, mode: str):
+    """(band of out, its source positions in out: a slice or an index array) along one
+    axis padded by before/after around n elements."""
+    src = pad_index(n, before, after, mode) + before  # positions in out
+    bands = []
+    for dst, idx in ((slice(0, before), src[:before]), (slice(before + n, before + n + after), src[before + n:])):
+        if idx.size:
+            sl = _as_slice(idx)
+            if sl is None:
+                idx.flags.writeable = False
+            bands.append((dst, idx if sl is None else sl))
+    return tuple(bands)
 
 
 @register()
@@ -104,13 +135,11 @@ class Pad(KernelBase):
         for i, (b, a) in enumerate(zip(before, after)):
             if not (b or a):
                 continue
-            n = arr.shape[i]
-            src = pad_index(n, b, a, mode) + b  # positions in out along axis i
             lead = (slice(None),) * i
-            if b:
-                out[lead + (slice(0, b),)] = xp.take(out, xp.asarray(src[:b]), axis=i)
-            if a:
-                out[lead + (slice(b + n, b + n + a),)] = xp.take(out, xp.asarray(src[b + n:]), axis=i)
+            for dst, src in _bands(arr.shape[i], b, a, mode):
+                # a band's sources never overlap the band itself
+                out[lead + (dst,)] = out[lead + (src,)] if isinstance(src, slice) else \
+                    xp.take(out, xp.asarray(src), axis=i)
         return out
 
     def _fill_value(self, x: Tensor, fill, xp):

@@ -1,9 +1,13 @@
 """Resize and Upsample.
 
-Resizing is separable: each resized axis gets, once per call, an index map (nearest) or a
-dense (out, in) weight matrix (linear, cubic, antialiased), built on the host in float64
-from the coordinate transformation; the data is then gathered / multiplied axis by axis
-on the device (one matmul per axis).
+Resizing is separable: each resized axis gets an index map (nearest) or clamped tap
+indices with float64 weights (linear, cubic, antialiased), built on the host from the
+coordinate transformation and cached per axis geometry; the data is then gathered /
+interpolated one axis at a time, in the order that costs least.  On the host, finite real
+data is interpolated with BLAS: one matmul per block of 16 outputs against the input
+window the block reads (a dense band slice).  Otherwise (non-finite values, complex data,
+a GPU) it goes tap by tap (gather, scale, add), so a NaN or inf only reaches the outputs
+whose taps read it.  Both sum the same products; they differ only in rounding order.
 
 Conventions (following the spec and the ONNX reference outputs):
 * The scale in the coordinate formulas is the given scale (scales input) or out/in (sizes
@@ -22,6 +26,8 @@ Conventions (following the spec and the ONNX reference outputs):
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import numpy as np
@@ -114,34 +120,148 @@ def tap_weights(x: np.ndarray, n_in: int, mode: str, scale: float, antialias: bo
     return np.clip(pos, 0, n_in - 1).astype(np.int64), w
 
 
-def apply_axis(xp, arr, axis: int, idx: np.ndarray, w: np.ndarray, work):
-    """Interpolate arr along axis: sparse taps (gather + weighted sum) when the kernel is
-    narrow against the input, one dense matmul otherwise."""
-    n_out, n_taps = idx.shape
-    n_in = arr.shape[axis]
-    if n_taps * 16 <= n_in:
-        shape = [1] * arr.ndim
-        shape[axis] = n_out
-        res = None
-        for j in range(n_taps):
-            g = xp.take(arr, xp.asarray(idx[:, j]), axis=axis)
-            wj = xp.asarray(w[:, j].astype(work).reshape(shape))
-            if res is None:
-                res = g * wj
-            else:
-                res += g * wj
-        return res
-    m = np.zeros((n_out, n_in), dtype=np.float64)
-    np.add.at(m, (np.broadcast_to(np.arange(n_out)[:, None], idx.shape), idx), w)
-    wd = xp.asarray(m.astype(work))
-    lead, trail = product(arr.shape[:axis]), product(arr.shape[axis + 1:])
+BAND_BLOCK = 16  # outputs per block of the banded matmul
+_BAND_MIN_ROWS = 64  # fewer interpolated rows per block: the taps beat the matmul calls
+
+
+class AxisTaps:
+    """The interpolation of one axis: tap indices (n_out, taps), clamped, and float64
+    weights, with the tap columns whose weight is zero for every output dropped.  Built on
+    the host; cached per axis geometry (see ``axis_taps``), so treat it as read-only."""
+
+    def __init__(self, idx: np.ndarray, w: np.ndarray, n_in: int, extra):
+        nz = np.flatnonzero(np.any(w != 0, axis=0))
+        j0, j1 = (int(nz[0]), int(nz[-1]) + 1) if nz.size else (0, 1)
+        self.idx, self.w = idx[:, j0:j1], w[:, j0:j1]
+        self.n_in = n_in
+        self.n_out, self.taps = self.idx.shape
+        self.extra = extra  # tf_crop_and_resize: outputs that get extrapolation_value
+        self._cast = {}
+
+    @functools.cached_property
+    def spans(self):
+        """Per block of BAND_BLOCK outputs: its first output and the input window [lo, hi)
+        its taps read."""
+        starts = np.arange(0, self.n_out, BAND_BLOCK)
+        lo = np.minimum.reduceat(self.idx.min(axis=1), starts)
+        hi = np.maximum.reduceat(self.idx.max(axis=1), starts) + 1
+        return starts, lo, hi
+
+    @functools.cached_property
+    def blocks(self):
+        """Banded weights: per block of outputs [o0, o1), its input window [lo, hi) and the
+        dense (o1 - o0, hi - lo) float64 weight block (repeated clamped indices summed)."""
+        n_out, B = self.n_out, BAND_BLOCK
+        starts, lo, hi = self.spans
+        o = np.arange(n_out)
+        blk = o // B
+        dense = np.zeros((starts.size, B, int((hi - lo).max())))
+        np.add.at(dense, (blk[:, None], (o % B)[:, None], self.idx - lo[blk][:, None]), self.w)
+        return [(int(o0), min(int(o0) + B, n_out), int(a), int(b), dense[k, :min(B, n_out - int(o0)), :b - a])
+                for k, (o0, a, b) in enumerate(zip(starts, lo, hi))]
+
+    def cast(self, work):
+        """(tap weight columns, banded blocks with their transposes) in dtype work."""
+        key = np.dtype(work)
+        if key not in self._cast:
+            self._cast[key] = (
+                [np.ascontiguousarray(self.w[:, j].astype(work)) for j in range(self.taps)],
+                [(o0, o1, a, b, m.astype(work), np.ascontiguousarray(m.T.astype(work)))
+                 for o0, o1, a, b, m in self.blocks])
+        return self._cast[key]
+
+    @functools.cached_property
+    def window(self) -> float:
+        """Mean input window of a band block (the band's multiply-adds per output)."""
+        _, lo, hi = self.spans
+        return float(np.mean(hi - lo))
+
+    @property
+    def band_pays(self) -> bool:
+        """Whether the banded matmul's extra multiply-adds (zeros in the blocks) stay few
+        enough for BLAS to beat the taps: not for a strong downscale without antialias."""
+        return self.window <= 4 * self.taps + 2 * BAND_BLOCK
+
+    def cost(self, last: bool, band: bool) -> float:
+        """Relative work per output element, to order the axes."""
+        c = self.window if band and self.band_pays else float(self.taps)
+        return c * 1.5 if last else c  # reading along the contiguous axis is slower
+
+
+@functools.lru_cache(maxsize=64)
+def axis_taps(coord, n_in, n_out, scale, width, roi, mode, antialias, cubic_a, exclude) -> AxisTaps:
+    src, extra = source_coords(coord, n_in, n_out, scale, width, roi)
+    idx, w = tap_weights(src, n_in, mode, scale, antialias, cubic_a, exclude)
+    return AxisTaps(idx, w, n_in, extra if extra is not None and extra.any() else None)
+
+
+def _split(arr, axis: int):
+    """(lead, n, trail) sizes around axis; trail 1 means the axis is the contiguous one."""
+    return product(arr.shape[:axis]), arr.shape[axis], product(arr.shape[axis + 1:])
+
+
+def apply_band(xp, arr, axis: int, taps: AxisTaps, work):
+    """Interpolate a finite real array along axis with one matmul per block of outputs
+    (its weight block against the input window it reads): BLAS does the multiply-adds."""
+    lead, n_in, trail = _split(arr, axis)
+    blocks = taps.cast(work)[1]
     if trail == 1:
-        res = arr.reshape(lead, n_in) @ wd.T
+        src = arr.reshape(lead, n_in)
+        out = xp.empty((lead, taps.n_out), dtype=arr.dtype)
+        for o0, o1, a, b, _, mt in blocks:
+            _matmul_into(xp, src[:, a:b], xp.asarray(mt), out[:, o0:o1])
     else:
-        res = xp.matmul(wd, arr.reshape(lead, n_in, trail))
-    shape = list(arr.shape)
-    shape[axis] = n_out
-    return res.reshape(shape)
+        src = arr.reshape(lead, n_in, trail)
+        out = xp.empty((lead, taps.n_out, trail), dtype=arr.dtype)
+        for o0, o1, a, b, m, _ in blocks:
+            _matmul_into(xp, xp.asarray(m), src[:, a:b, :], out[:, o0:o1, :])
+    return out.reshape(arr.shape[:axis] + (taps.n_out,) + arr.shape[axis + 1:])
+
+
+def _matmul_into(xp, a, b, out):
+    if xp is np:
+        np.matmul(a, b, out=out)  # BLAS writes straight into the strided block
+    else:
+        out[...] = xp.matmul(a, b)
+
+
+def apply_taps(xp, arr, axis: int, taps: AxisTaps, work):
+    """Interpolate arr along axis tap by tap: gather, scale, add (in the taps' order).
+    Only the taps' own inputs reach an output, so a non-finite input stays local."""
+    lead, n_in, trail = _split(arr, axis)
+    src = arr.reshape(lead, n_in, trail)
+    cols = taps.cast(work)[0]
+    out = tmp = None
+    for j in range(taps.taps):
+        g = xp.take(src, xp.asarray(taps.idx[:, j]), axis=1)
+        w = xp.asarray(cols[j]).reshape(-1, 1)
+        if out is None:
+            out = xp.multiply(g, w, out=g)
+        else:
+            tmp = xp.multiply(g, w, out=g)
+            out += tmp
+    return out.reshape(arr.shape[:axis] + (taps.n_out,) + arr.shape[axis + 1:])
+
+
+def _finite(xp, arr) -> bool:
+    """True when every value is finite (a sum that overflows says False: also safe)."""
+    return arr.size == 0 or bool(xp.isfinite(xp.sum(arr)))
+
+
+def axis_order(shape, plans: dict, band: bool) -> list:
+    """The order of the interpolated axes with the least estimated work."""
+    axes = list(plans)
+    if len(axes) < 2 or len(axes) > 4:
+        return axes
+    best, best_cost = axes, None
+    for order in itertools.permutations(axes):
+        cur, total = list(shape), 0.0
+        for a in order:
+            cur[a] = plans[a].n_out
+            total += product(cur) * plans[a].cost(product(cur[a + 1:]) == 1, band)
+        if best_cost is None or total < best_cost:
+            best, best_cost = list(order), total
+    return best
 
 
 class _ResizeCore(KernelBase):
@@ -164,6 +284,7 @@ class _ResizeCore(KernelBase):
         work = np.float64 if arr.dtype in (np.float64, np.complex128) or info.kind in ("int", "uint") \
             else np.float32
         extra_masks = []
+        plans = {}
         for k, a in enumerate(axes):
             n_in, n_out = x.shape[a], out_shape[a]
             if n_out == n_in and scales[k] == 1.0 and coord != "tf_crop_and_resize":  # identity
@@ -175,15 +296,25 @@ class _ResizeCore(KernelBase):
                 shape[a] = n_out
                 arr = xp.zeros(shape, dtype=arr.dtype)
                 continue
-            src, extra = source_coords(coord, n_in, n_out, scales[k], width, r)
-            if extra is not None and extra.any():
-                extra_masks.append((a, extra))
             if mode == "nearest":
+                src, extra = source_coords(coord, n_in, n_out, scales[k], width, r)
+                if extra is not None and extra.any():
+                    extra_masks.append((a, extra))
                 arr = xp.take(arr, xp.asarray(nearest_index(src, n_in, nearest_mode)), axis=a)
                 continue
-            idx, w = tap_weights(src, n_in, mode, scales[k], bool(antialias), float(cubic_coeff_a),
-                                 bool(exclude_outside))
-            arr = apply_axis(xp, arr, a, idx, w, work)
+            plans[a] = axis_taps(coord, n_in, n_out, float(scales[k]), float(width), tuple(map(float, r)), mode,
+                                 bool(antialias), float(cubic_coeff_a), bool(exclude_outside))
+            if plans[a].extra is not None:
+                extra_masks.append((a, plans[a].extra))
+        # On the host, finite real data goes through BLAS (banded blocks); otherwise, and on
+        # a GPU where a few gathers beat many small matmuls, tap by tap.
+        band = xp is np and arr.dtype.kind == "f" and arr.size > 0
+        for a in axis_order(arr.shape, plans, band):
+            lead_trail = arr.size // max(arr.shape[a], 1)
+            if band and plans[a].band_pays and lead_trail >= _BAND_MIN_ROWS and _finite(xp, arr):
+                arr = apply_band(xp, arr, a, plans[a], work)
+            else:
+                arr = apply_taps(xp, arr, a, plans[a], work)
         if extra_masks:
             mask = None
             for a, e in extra_masks:

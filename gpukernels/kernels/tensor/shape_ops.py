@@ -13,7 +13,7 @@ from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
 from ..base import KernelBase, register
-from ._common import deliver, host_ints, norm_axes, norm_axis, product, xp_for
+from ._common import deliver, host_ints, norm_axes, norm_axis, permuted_copy, product, xp_for
 
 INT64_MAX = 2 ** 63 - 1
 
@@ -220,8 +220,8 @@ class Tile(KernelBase):
 
 @register()
 class Transpose(KernelBase):
-    """Permute axes (default: reverse them).  The output is a new contiguous array, or
-    written into ``out=``."""
+    """Permute axes (default: reverse them).  The output is a new contiguous array (a
+    cache-tiled copy on the host, see _common.permuted_copy), or written into ``out=``."""
 
     def __call__(self, data, perm=None, out=None):
         x = self.tensor(data, "data")
@@ -239,7 +239,7 @@ class Transpose(KernelBase):
         view = x.array.transpose(p)
         if out is not None:
             return deliver(self, Tensor.wrap(view, x.data_type), out)
-        return Tensor.wrap(xp.ascontiguousarray(view), x.data_type)
+        return Tensor.wrap(permuted_copy(xp, view), x.data_type)
 
 
 @register()

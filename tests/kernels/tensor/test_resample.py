@@ -54,6 +54,18 @@ def test_pad(device, rng, mode):
     np.testing.assert_array_equal(x, keep)
 
 
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pad", [1, 3, 4, 9])
+def test_pad_band_slices_and_gathers(device, rng, mode, pad):
+    """Bands that are a reversed/forward run or one repeated element (slices) and bands
+    longer than the axis (several periods: gathers), on both axes of a 2-D input."""
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    got = K(Pad, device)(x, I64([pad, pad + 1, pad + 1, pad]), mode=mode).numpy()
+    want = np.pad(x, [(pad, pad + 1), (pad + 1, pad)], mode={"edge": "edge", "wrap": "wrap",
+                                                               "reflect": "reflect"}[mode])
+    np.testing.assert_array_equal(got, want)
+
+
 def test_pad_axes_versions_errors(device, rng):
     x = rng.standard_normal((2, 3)).astype(np.float32)
     got = K(Pad, device)(x, I64([1, 2]), None, I64([-1])).numpy()
@@ -140,6 +152,68 @@ def test_resize_separable(device, rng, mode, coord, antialias, sizes):
         ref[b] = np.stack([ref_resize_1d(tmp[i], sizes[1], sizes[1] / 6, mode, coord, antialias, ex, -0.5)
                            for i in range(sizes[0])])
     np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("mode,antialias,exclude,coord,sizes", [
+    ("linear", 0, 0, "half_pixel", (40, 90)),       # upscale: narrow band windows
+    ("linear", 0, 0, "asymmetric", (9, 13)),        # strong downscale without antialias: taps
+    ("cubic", 1, 0, "half_pixel", (11, 17)),        # antialiased downscale: wide windows
+    ("cubic", 0, 1, "align_corners", (33, 70)),
+    ("cubic", 0, 0, "pytorch_half_pixel", (57, 31)),
+    ("linear", 1, 0, "half_pixel", (23, 100)),
+])
+def test_resize_large_both_paths(device, rng, mode, antialias, exclude, coord, sizes):
+    """Sizes over several band blocks, float64 and float32; the band (BLAS) and tap paths
+    agree axis by axis."""
+    x = rng.standard_normal((2, 37, 45))
+    kw = dict(axes=[1, 2], mode=mode, coordinate_transformation_mode=coord, antialias=antialias,
+              exclude_outside=exclude)
+    got = K(Resize, device).resize_sizes(x, I64(sizes), **kw).numpy()
+    ref = np.empty((2,) + sizes)
+    for b in range(2):
+        tmp = np.stack([ref_resize_1d(x[b, :, j], sizes[0], sizes[0] / 37, mode, coord, antialias, exclude)
+                        for j in range(45)], 1)
+        ref[b] = np.stack([ref_resize_1d(tmp[i], sizes[1], sizes[1] / 45, mode, coord, antialias, exclude)
+                           for i in range(sizes[0])])
+    np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10)
+    got32 = K(Resize, device).resize_sizes(x.astype(np.float32), I64(sizes), **kw).numpy()
+    assert got32.dtype == np.float32
+    np.testing.assert_allclose(got32, ref, rtol=1e-5, atol=1e-5)
+    # the two interpolation paths, axis by axis
+    from gpukernels.kernels.tensor import resize as R
+
+    for axis, n_in in ((1, 37), (2, 45)):
+        n_out = sizes[axis - 1]
+        t = R.axis_taps(coord, n_in, n_out, n_out / n_in, float(n_out), (0.0, 1.0), mode, bool(antialias),
+                        -0.75, bool(exclude))
+        band = R.apply_band(np, x, axis, t, np.float64)
+        taps = R.apply_taps(np, x, axis, t, np.float64)
+        np.testing.assert_allclose(band, taps, rtol=1e-12, atol=1e-12)
+    # the band is used where its zeros cost little: not for a strong downscale without antialias
+    assert R.axis_taps("half_pixel", 224, 448, 2.0, 448.0, (0.0, 1.0), "linear", False, -0.75, False).band_pays
+    assert R.axis_taps("half_pixel", 448, 224, 0.5, 224.0, (0.0, 1.0), "cubic", True, -0.75, False).band_pays
+    assert not R.axis_taps("half_pixel", 400, 20, 0.05, 20.0, (0.0, 1.0), "linear", False, -0.75, False).band_pays
+
+
+def test_resize_non_finite_stays_local(device, rng):
+    x = rng.standard_normal((1, 1, 30, 40)).astype(np.float32)
+    x[0, 0, 12, 17] = np.nan
+    x[0, 0, 3, 33] = np.inf
+    got = K(Resize, device)(x, None, None, I64([1, 1, 60, 80]), mode="linear").numpy()[0, 0]
+    # outputs that read neither bad input (linear weights are >= 0: an indicator shows them)
+    ind = np.zeros((30, 40))
+    ind[12, 17] = ind[3, 33] = 1.0
+    touched = np.stack([ref_resize_1d(c, 80, 2.0, "linear", "half_pixel")
+                        for c in np.stack([ref_resize_1d(ind[:, j], 60, 2.0, "linear", "half_pixel")
+                                           for j in range(40)], 1)]) != 0
+    clean = np.where(np.isfinite(x[0, 0]), x[0, 0], 0).astype(np.float64)
+    ref = np.stack([ref_resize_1d(c, 80, 2.0, "linear", "half_pixel")
+                    for c in np.stack([ref_resize_1d(clean[:, j], 60, 2.0, "linear", "half_pixel")
+                                       for j in range(40)], 1)])
+    assert not np.isfinite(got[touched]).any()
+    assert np.isfinite(got[~touched]).all()
+    np.testing.assert_allclose(got[~touched], ref[~touched], rtol=1e-5, atol=1e-5)
+    assert 4 <= touched.sum() <= 40
 
 
 @pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])

@@ -97,6 +97,18 @@ def test_transpose_dtypes(device, rng, dt):
     np.testing.assert_array_equal(k(x, perm=[0, 2, 3, 1]).numpy(), x.transpose(0, 2, 3, 1))
 
 
+@pytest.mark.parametrize("shape,perm", [((16, 130, 520), (0, 2, 1)), ((1100, 1000), (1, 0)),
+                                        ((3, 200, 40, 45), (0, 3, 1, 2)), ((2, 700, 800), (2, 1, 0))])
+def test_transpose_large_tiled(device, rng, shape, perm):
+    """Big transposes (the host copies them in tiles of the output's last axis, with a
+    ragged last tile) equal NumPy's; float64 and a 2-byte type."""
+    x = rng.standard_normal(shape)
+    for arr in (x, x.astype(np.float16)):
+        got = K(Transpose, device)(arr, perm=list(perm)).numpy()
+        assert got.flags.c_contiguous
+        np.testing.assert_array_equal(got, arr.transpose(perm))
+
+
 def test_transpose_out_and_errors(device, rng):
     x = rng.standard_normal((3, 4)).astype(np.float32)
     if device == "cpu":
