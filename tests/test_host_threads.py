@@ -50,3 +50,87 @@ def test_threaded_kernels_match_single_thread(monkeypatch, rng):
         results[threads] = [kernel_class(op)(KernelContext("cpu"))(x).numpy() for op in ("Softmax", "Gelu", "Sigmoid")]
     for a, b in zip(results["1"], results["4"]):
         np.testing.assert_array_equal(a, b)
+
+
+def _run_both(monkeypatch, fn):
+    results = {}
+    for threads in ("1", "4"):
+        monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
+        results[threads] = fn()
+    for a, b in zip(results["1"], results["4"]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "ReduceLogSumExp",
+                                "ReduceSumSquare", "ReduceProd"])
+def test_threaded_reductions_match_single_thread(monkeypatch, rng, op):
+    from gpukernels.kernels import KernelContext, kernel_class
+
+    x = rng.standard_normal((16, 64, 3, 256)).astype(np.float32)
+    xi = rng.integers(-100, 100, (16, 64, 3, 256)).astype(np.int32)
+
+    def run():
+        k = kernel_class(op)(KernelContext("cpu"))
+        out = []
+        for axes in ([-1], [2, 3], [1], [1, 3], [-2]):
+            for keepdims in (0, 1):
+                out.append(k(x, np.array(axes, np.int64), keepdims=keepdims).numpy())
+                if op != "ReduceLogSumExp":  # float types only
+                    out.append(k(xi, np.array(axes, np.int64), keepdims=keepdims).numpy())
+        return out
+
+    _run_both(monkeypatch, run)
+
+
+def test_threaded_row_norms_match_single_thread(monkeypatch, rng):
+    from gpukernels.kernels import KernelContext, kernel_class
+
+    x = rng.standard_normal((20, 1001, 128)).astype(np.float32)
+    s = rng.standard_normal(128).astype(np.float32)
+    b = rng.standard_normal(128).astype(np.float32)
+
+    def run():
+        ln = kernel_class("LayerNormalization")(KernelContext("cpu"))(x, s, b)
+        rms = kernel_class("RMSNormalization")(KernelContext("cpu"))(x, s)
+        return [ln.Y.numpy(), ln.Mean.numpy(), ln.InvStdDev.numpy(), rms.numpy()]
+
+    _run_both(monkeypatch, run)
+
+
+def test_threaded_rotary_matches_single_thread(monkeypatch, rng):
+    from gpukernels.kernels import KernelContext, kernel_class
+
+    B, H, S, D = 2, 48, 300, 64
+    x4 = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    x3 = rng.standard_normal((B, S, H * D)).astype(np.float32)
+    pos = rng.integers(0, S + 5, (B, S)).astype(np.int64)
+    angles = {rd: rng.uniform(-3, 3, (S + 5, (rd or D) // 2)) for rd in (0, 32)}
+
+    def run():
+        k = kernel_class("RotaryEmbedding")(KernelContext("cpu"))
+        out = []
+        for rd, ang in angles.items():
+            c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+            for inter in (0, 1):
+                out.append(k(x4, c, s, pos, interleaved=inter, rotary_embedding_dim=rd).numpy())
+                out.append(k(x3, c, s, pos, interleaved=inter, rotary_embedding_dim=rd, num_heads=H).numpy())
+        return out
+
+    _run_both(monkeypatch, run)
+
+
+def test_threaded_gather_matches_single_thread(monkeypatch, rng):
+    from gpukernels.kernels import KernelContext, kernel_class
+
+    x = rng.standard_normal((3000, 256)).astype(np.float32)
+    x3 = rng.integers(-9, 9, (40, 300, 50)).astype(np.int16)
+    idx = rng.integers(-3000, 3000, (37, 64)).astype(np.int64)
+    idx3 = rng.integers(-300, 300, (700,)).astype(np.int32)
+
+    def run():
+        k = kernel_class("Gather")(KernelContext("cpu"))
+        return [k(x, idx).numpy(), k(x3, idx3, axis=1).numpy(), k(x3, idx3[:300] % 100 - 50, axis=-1).numpy()]
+
+    _run_both(monkeypatch, run)
+    np.testing.assert_array_equal(run()[0], np.take(x, idx, axis=0))
+    np.testing.assert_array_equal(run()[1], np.take(x3, idx3, axis=1))

@@ -25,8 +25,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...dtypes import DataType
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 from ._mathcommon import contiguous, highest, lowest, normalize_axes, normalize_axis
+
+_THREAD_MIN = 1 << 18  # input elements per host thread before a reduction is split
 
 # first version whose axes come as an input
 _AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -78,10 +81,32 @@ class _Reduce(KernelBase):
             elif not red:
                 y = self.elementwise(xp, xc)
             else:
-                y = self.reduce(xp, xc, red, count)
+                y = self._reduce_rows(xp, xc, red, count)
                 if y.shape != out_shape:
                     y = y.reshape(out_shape)
         return self.finish(y, x)
+
+    def _reduce_rows(self, xp, x, red, count):
+        """self.reduce, split over the leading non-reduced axes on host threads.  Every
+        output element is reduced by the same NumPy loop over the same elements as in one
+        call, so the result does not depend on the thread count."""
+        lead = min(red)
+        outer = int(np.prod(x.shape[:lead], dtype=np.int64))
+        if xp is not np or lead == 0 or x.size < 2 * _THREAD_MIN or not x.flags.c_contiguous:
+            return self.reduce(xp, x, red, count)
+        rows = x.reshape((outer,) + x.shape[lead:])
+        axes = tuple(a - lead + 1 for a in red)
+        parts = {}
+
+        def run(lo, hi):
+            parts[lo] = self.reduce(xp, rows[lo:hi], axes, count)
+
+        parallel_ranges(outer, max(1, _THREAD_MIN // max(1, x.size // outer)), run)
+        if len(parts) == 1:
+            y = parts[0]
+        else:
+            y = np.concatenate([parts[k] for k in sorted(parts)], axis=0)
+        return y.reshape(x.shape[:lead] + y.shape[1:])
 
     def finish(self, y, x):
         if y.dtype.kind == "f" and self.to_compute(x).dtype.kind in "iub":

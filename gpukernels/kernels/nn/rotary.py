@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 
 
@@ -97,13 +98,39 @@ class RotaryEmbedding(KernelBase):
         n1 = x4.shape[1]
         per = max(1, x4.size // max(n1, 1))
         step = n1 if xp is not np else max(1, min(n1, (1 << 17) // per))
-        for i0 in range(0, n1, step):
-            i1 = min(n1, i0 + step)
-            cb, sb = (c, s) if x.ndim == 4 else (c[:, i0:i1], s[:, i0:i1])
-            self._rotate(xp, x4[:, i0:i1], y[:, i0:i1], cb, sb, rd, interleaved)
-        if rd < hd:
-            y[..., rd:] = x4[..., rd:]
+
+        if xp is np and not interleaved:
+            # full-width factors: y = x * [c, c] + swap_halves(x) * [-s, s] -- long inner
+            # loops, and bit-identical to _rotate (c*a + (-s)*b == c*a - s*b exactly)
+            c = np.concatenate([c, c], axis=-1)
+            s = np.concatenate([-s, s], axis=-1)
+
+        def blocks(lo, hi):
+            for i0 in range(lo, hi, step):
+                i1 = min(hi, i0 + step)
+                cb, sb = (c, s) if x.ndim == 4 else (c[:, i0:i1], s[:, i0:i1])
+                if xp is np and not interleaved:
+                    self._rotate_halves_host(x4[:, i0:i1], y[:, i0:i1], cb, sb, rd)
+                else:
+                    self._rotate(xp, x4[:, i0:i1], y[:, i0:i1], cb, sb, rd, interleaved)
+                if rd < hd:
+                    y[:, i0:i1, ..., rd:] = x4[:, i0:i1, ..., rd:]
+
+        if xp is np:
+            parallel_ranges(n1, 2 * step, blocks)  # independent blocks over host threads
+        else:
+            blocks(0, n1)
         return self.from_compute(y.reshape(x.shape), x.data_type)
+
+    @staticmethod
+    def _rotate_halves_host(x4, y, c2, s2, rd):
+        """Host, non-interleaved: c2 = [c, c], s2 = [-s, s] over the rotary width."""
+        half = rd // 2
+        xr, yr = x4[..., :rd], y[..., :rd]
+        np.multiply(xr, c2, out=yr)
+        split = xr.shape[:-1] + (2, half)
+        t = np.multiply(xr.reshape(split)[..., ::-1, :], s2.reshape(s2.shape[:-1] + (2, half)))
+        yr += t.reshape(yr.shape)
 
     @staticmethod
     def _rotate(xp, x4, y, c, s, rd, interleaved):

@@ -15,6 +15,7 @@ import numpy as np
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 from ._common import deliver, host_ints, norm_axis, on, product, xp_for
 
@@ -47,8 +48,37 @@ class Gather(KernelBase):
         ax = norm_axis(self, axis, x.ndim, data=x, indices=i)
         xp = xp_for(self, x)
         idx = checked_indices(self, xp, on(xp, i.array), x.shape[ax], data=x, indices=i)
-        res = xp.take(x.array, idx, axis=ax)
+        if xp is np and x.array.dtype != object:
+            res = _host_take(x.array, idx, ax)
+        else:
+            res = xp.take(x.array, idx, axis=ax)
         return deliver(self, Tensor.wrap(res, x.data_type), out)
+
+
+_TAKE_THREAD_BYTES = 1 << 20  # output bytes per host thread before a gather is split
+
+
+def _host_take(data, idx, ax):
+    """numpy.take(data, idx, axis=ax) with the output rows split over host threads (the
+    indices are checked and non-negative already)."""
+    shape = data.shape[:ax] + idx.shape + data.shape[ax + 1:]
+    if int(np.prod(shape, dtype=np.int64)) * data.itemsize < 2 * _TAKE_THREAD_BYTES:
+        return np.take(data, idx, axis=ax)
+    out = np.empty(shape, data.dtype)
+    if ax == 0:
+        flat = idx.reshape(-1)
+        rows = out.reshape((flat.size,) + data.shape[1:])
+        n = flat.size
+
+        def part(lo, hi):
+            np.take(data, flat[lo:hi], axis=0, out=rows[lo:hi], mode="clip")
+    else:
+        n = data.shape[0]
+
+        def part(lo, hi):
+            np.take(data[lo:hi], idx, axis=ax, out=out[lo:hi], mode="clip")
+    parallel_ranges(n, max(1, _TAKE_THREAD_BYTES // max(1, out.nbytes // max(1, n))), part)
+    return out
 
 
 @register()

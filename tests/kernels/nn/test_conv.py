@@ -170,6 +170,16 @@ def test_conv_chunked_workspace(device, rng, monkeypatch):
     close(y, ref_conv(x, w, b, [2, 1], [1, 2, 0, 1]), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_chunked_over_batch(device, rng, monkeypatch, group):
+    """Workspace for two images: the im2col path runs whole-image chunks (2, 2, 1)."""
+    monkeypatch.setattr(_spatial, "WORKSPACE_BYTES", 12000)
+    monkeypatch.setattr(_spatial, "CPU_CHUNK_BYTES", 12000)
+    x, w, b = rnd(rng, (5, 4, 6, 6)), rnd(rng, (6, 4 // group, 3, 3)), rnd(rng, (6,))
+    y = Conv(KernelContext(device))(x, w, b, pads=[1, 1, 1, 1], group=group).numpy()
+    close(y, ref_conv(x, w, b, [1, 1], [1, 1, 1, 1], group=group), rtol=1e-4, atol=1e-4)
+
+
 def test_conv_empty_batch(device, rng):
     y = Conv(KernelContext(device))(np.zeros((0, 2, 5, 5), np.float32), rnd(rng, (3, 2, 3, 3))).numpy()
     assert y.shape == (0, 3, 3, 3)
