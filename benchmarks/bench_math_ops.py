@@ -10,7 +10,6 @@ file exists.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 
@@ -18,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from harness import Case, parse_args, run_cases, single_node_model  # noqa: E402
+from harness import Case, extra_cases, main_for, single_node_model  # noqa: E402
 
 
 def cases() -> list[Case]:
@@ -43,21 +42,9 @@ def cases() -> list[Case]:
     out.append(Case("Einsum bhqd,bhkd->bhqk 1x8x512x64", single_node_model(
         "Einsum", {"Q": q, "K": k}, {"equation": "bhqd,bhkd->bhqk"}), {"Q": q, "K": k},
         flops=2.0 * 8 * 512 * 512 * 64))
-    extra = pathlib.Path(__file__).resolve().parent / "math_extra_cases.py"
-    if extra.exists():
-        spec = importlib.util.spec_from_file_location("math_extra_cases", extra)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        more = mod.CASES() if callable(getattr(mod, "CASES", None)) else getattr(mod, "CASES", [])
-        out.extend(more)
+    out.extend(extra_cases("math_extra_cases.py"))
     return out
 
 
-def main() -> None:
-    args = parse_args(__doc__)
-    selected = [c for c in cases() if args.filter in c.name]
-    run_cases("math operators", selected, repeat=args.repeat, min_time=args.min_time, device=args.device)
-
-
 if __name__ == "__main__":
-    main()
+    main_for("math operators", cases, __doc__)

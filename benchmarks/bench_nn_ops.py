@@ -11,7 +11,6 @@ when that file exists.  Targets: within 2x of onnxruntime (depthwise within 4x).
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 
@@ -19,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from harness import Case, parse_args, run_cases, single_node_model  # noqa: E402
+from harness import Case, extra_cases, main_for, single_node_model  # noqa: E402
 
 
 def _conv_flops(n, c, m, k, out_pixels, group=1):
@@ -68,21 +67,9 @@ def cases() -> list[Case]:
                                                     "pads": [1, 1, 1, 1]})
     out.append(Case("MaxPool 1x64x112x112 k3 s2 pad1", model, {"X": x}))
 
-    extra = pathlib.Path(__file__).resolve().parent / "nn_attention_cases.py"
-    if extra.exists():
-        spec = importlib.util.spec_from_file_location("nn_attention_cases", extra)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        more = mod.CASES() if callable(getattr(mod, "CASES", None)) else getattr(mod, "CASES", [])
-        out.extend(more)
+    out.extend(extra_cases("nn_attention_cases.py"))
     return out
 
 
-def main() -> None:
-    args = parse_args(__doc__)
-    selected = [c for c in cases() if args.filter in c.name]
-    run_cases("nn operators", selected, repeat=args.repeat, min_time=args.min_time, device=args.device)
-
-
 if __name__ == "__main__":
-    main()
+    main_for("nn operators", cases, __doc__)

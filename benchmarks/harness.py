@@ -177,3 +177,25 @@ def parse_args(description: str):
     p.add_argument("--min-time", type=float, default=0.5)
     p.add_argument("--filter", default="", help="only cases whose name contains this text")
     return p.parse_args()
+
+
+def extra_cases(filename: str) -> list:
+    """The CASES list (or CASES() result) of a sibling module of extra cases, if present."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent / filename
+    if not path.exists():
+        return []
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cases = getattr(mod, "CASES", [])
+    return list(cases() if callable(cases) else cases)
+
+
+def main_for(title: str, make_cases, doc: str) -> None:
+    """The command line of a benchmark script: --filter, --repeat, --min-time, --device."""
+    args = parse_args(doc)
+    selected = [c for c in make_cases() if args.filter in c.name]
+    run_cases(title, selected, repeat=args.repeat, min_time=args.min_time, device=args.device)
