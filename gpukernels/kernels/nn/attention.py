@@ -257,17 +257,24 @@ class Attention(KernelBase):
             budget = int(self.ctx.option("attention_block_bytes", _DEFAULT_BLOCK_BYTES))
             row_bytes = B * Hq * T * max(cdt.itemsize, sdt.itemsize) * 2
             block = max(1, min(Sq, budget // max(row_bytes, 1)))
+            # Causal rows never see keys past their own position: with a fixed offset each
+            # query block only multiplies the key prefix it can attend to (masked keys
+            # contribute exact zeros, so the result is the same up to summation order).
+            causal_prefix = bool(p["is_causal"]) and isinstance(offset, int) and not want_qk
+            if causal_prefix and Sq >= 128:
+                block = min(block, max(64, -(-Sq // 8)))
             scale = cdt.type(p["scale"])
             for r0 in range(0, Sq, block):
                 r1 = min(Sq, r0 + block)
                 n = r1 - r0
+                Tb = min(T, r1 + offset) if causal_prefix else T  # offset >= 0: Tb >= 1
                 qb = Qc[:, :, r0:r1] * scale  # (B, Hq, n, D)
                 qb = qb.reshape(B, Hkv, G * n, D)
                 if Kt is None:
-                    s = xp.matmul(Kc, xp.ascontiguousarray(qb.transpose(0, 1, 3, 2)))  # (B, Hkv, T, G*n)
-                    s = xp.ascontiguousarray(s.transpose(0, 1, 3, 2)).reshape(B, Hq, n, T)
+                    s = xp.matmul(Kc[:, :, :Tb], xp.ascontiguousarray(qb.transpose(0, 1, 3, 2)))
+                    s = xp.ascontiguousarray(s.transpose(0, 1, 3, 2)).reshape(B, Hq, n, Tb)
                 else:
-                    s = xp.matmul(qb, Kt).reshape(B, Hq, n, T)
+                    s = xp.matmul(qb, Kt[..., :Tb]).reshape(B, Hq, n, Tb)
                 if want_qk and mode == 0:
                     qk_out[:, :, r0:r1] = s
                 if p["softcap"] > 0:
@@ -277,7 +284,7 @@ class Attention(KernelBase):
                     s *= c
                 if want_qk and mode == 1:
                     qk_out[:, :, r0:r1] = s
-                bias = self._bias(p, mask_add, mask_q, offset, has_window, r0, r1, cdt)
+                bias = self._bias(p, mask_add, mask_q, offset, has_window, r0, r1, cdt, Tb)
                 if bias is not None:
                     s += bias
                 if want_qk and mode == 2:
@@ -305,7 +312,7 @@ class Attention(KernelBase):
                     s = s.astype(cdt)
                 if want_qk and mode == 3:
                     qk_out[:, :, r0:r1] = s
-                y = xp.matmul(s.reshape(B, Hkv, G * n, T), Vc)  # (B, Hkv, G*n, Dv)
+                y = xp.matmul(s.reshape(B, Hkv, G * n, Tb), Vc[:, :, :Tb])  # (B, Hkv, G*n, Dv)
                 Y[:, :, r0:r1] = y.reshape(B, Hq, n, Dv)
 
         if rank == 3:
@@ -343,10 +350,12 @@ class Attention(KernelBase):
             return self.xp.asarray((p["nonpad"] - p["Sq"]).reshape(-1, 1, 1, 1))
         return 0
 
-    def _bias(self, p, mask_add, mask_q, offset, has_window, r0, r1, cdt):
-        """The additive bias for query rows r0:r1, broadcastable to (B, Hq, n, T), or None."""
+    def _bias(self, p, mask_add, mask_q, offset, has_window, r0, r1, cdt, T=None):
+        """The additive bias for query rows r0:r1 and the first T keys (all by default),
+        broadcastable to (B, Hq, n, T), or None."""
         xp = self.xp
-        T = p["T"]
+        full = p["T"]
+        T = full if T is None else T
         allowed = None
         if p["is_causal"] or has_window:
             i = xp.arange(r0, r1, dtype=np.int64).reshape(-1, 1)
@@ -367,6 +376,8 @@ class Attention(KernelBase):
         bias = None
         if mask_add is not None:
             bias = mask_add[:, :, r0:r1] if mask_q else mask_add
+            if T < full:
+                bias = bias[..., :T]
         if allowed is not None:
             add = xp.where(allowed, cdt.type(0), cdt.type(-np.inf))
             bias = add if bias is None else bias + add
