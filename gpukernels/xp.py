@@ -322,3 +322,14 @@ def parallel_ranges(n: int, min_items: int, fn) -> None:
     for e in errors:
         if e is not None:
             raise e
+
+
+def copy_array(array):
+    """A C-contiguous copy of array; large host arrays are copied by several threads."""
+    if is_cupy_array(array) or not array.flags.c_contiguous or array.nbytes < (4 << 20):
+        return array.copy()
+    out = np.empty(array.shape, array.dtype)
+    src, dst = array.reshape(-1), out.reshape(-1)
+    parallel_ranges(src.size, (1 << 20) // max(1, array.itemsize),
+                    lambda lo, hi: np.copyto(dst[lo:hi], src[lo:hi]))
+    return out

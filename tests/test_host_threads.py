@@ -134,3 +134,31 @@ def test_threaded_gather_matches_single_thread(monkeypatch, rng):
     _run_both(monkeypatch, run)
     np.testing.assert_array_equal(run()[0], np.take(x, idx, axis=0))
     np.testing.assert_array_equal(run()[1], np.take(x3, idx3, axis=1))
+
+
+def test_copy_array_is_an_independent_exact_copy(monkeypatch, rng):
+    monkeypatch.setenv("GPUKERNELS_CPU_THREADS", "4")
+    a = rng.standard_normal((3000, 1000)).astype(np.float32)  # 12 MB: threaded
+    b = xp.copy_array(a)
+    assert b is not a and b.flags.c_contiguous
+    np.testing.assert_array_equal(a, b)
+    b[0, 0] += 1
+    assert a[0, 0] != b[0, 0]
+    t = a[:, ::2]  # not contiguous: plain copy
+    np.testing.assert_array_equal(xp.copy_array(t), t)
+
+
+def test_scatternd_large_matches_single_thread(monkeypatch, rng):
+    from gpukernels.kernels import KernelContext, kernel_class
+
+    data = rng.standard_normal((4096, 1024)).astype(np.float32)
+    idx = rng.integers(0, 4096, (512, 1)).astype(np.int64)
+    upd = rng.standard_normal((512, 1024)).astype(np.float32)
+    out = {}
+    for threads in ("1", "4"):
+        monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
+        out[threads] = kernel_class("ScatterND")(KernelContext("cpu"))(data, idx, upd).numpy()
+    np.testing.assert_array_equal(out["1"], out["4"])
+    want = data.copy()
+    want[idx[:, 0]] = upd
+    np.testing.assert_array_equal(out["4"], want)

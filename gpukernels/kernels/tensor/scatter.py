@@ -18,7 +18,7 @@ import numpy as np
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import scatter_assign_last_wins, scatter_reduce
+from ...xp import copy_array, scatter_assign_last_wins, scatter_reduce
 from ..base import KernelBase, register
 from ._common import assign_rows_last_wins, host_ints, norm_axis, on, product, xp_for
 from .indexing import checked_indices, nd_linear_index
@@ -41,7 +41,7 @@ def _apply(kernel, x: Tensor, u: Tensor, flat_index, reduction: str) -> Tensor:
     xp = xp_for(kernel, x)
     vals = u.array.reshape(-1)
     if reduction == "none":
-        out = x.array.copy()
+        out = copy_array(x.array)
         scatter_assign_last_wins(xp, out, flat_index, vals)
         return Tensor.wrap(out, x.data_type)
     return _reduce(kernel, xp, x, u, flat_index, reduction)
@@ -160,7 +160,7 @@ class ScatterND(KernelBase):
             return Tensor.wrap(x.array.copy(), x.data_type)
         rows = nd_linear_index(self, xp, on(xp, i.array).reshape(m, k), x.shape[:k], **named)
         if red == "none":
-            out = x.array.copy()
+            out = copy_array(x.array)
             assign_rows_last_wins(xp, out.reshape(-1, s), rows, u.array.reshape(m, s))
             return Tensor.wrap(out, x.data_type)
         flat = (rows[:, None] * s + xp.arange(s, dtype=xp.int64)[None, :]).reshape(-1)
@@ -203,7 +203,7 @@ class TensorScatter(KernelBase):
             raise self.error(f"write_indices {starts} + sequence_length {L} run past "
                              f"max_sequence_length {max_len}", write_indices=w, **named)
         xp = xp_for(self, p)
-        out = p.array.copy()
+        out = copy_array(p.array)
         if L == 0 or B == 0:
             return Tensor.wrap(out, p.data_type)
         pos = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(L)[None, :]
