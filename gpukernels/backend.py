@@ -10,13 +10,13 @@ gpukernels through this module::
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
-from onnx import helper
 from onnx.backend.base import Backend, BackendRep, Device as OnnxDevice, DeviceType
 
 from .errors import DeviceError
-from .runtime import Session
+from .runtime import RuntimeContext, Session
+from .runtime import run_node as run_single_node
+from .tensor import to_host_value
 from .xp import Device, cuda_status
 
 
@@ -67,21 +67,14 @@ class GpuKernelsBackend(Backend):
     @classmethod
     def run_node(cls, node, inputs, device: str = "CPU", outputs_info=None, **kwargs):
         """Run one NodeProto on NumPy inputs (in the node's input order)."""
-        opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
-        names = [n for n in node.input if n]
-        values = [v for n, v in zip(node.input, inputs) if n]
-        graph_inputs = []
-        for name, value in zip(names, values):
-            arr = np.asarray(value)
-            graph_inputs.append(helper.make_tensor_value_info(
-                name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
-        graph = helper.make_graph([node], "run_node", graph_inputs,
-                                  [helper.make_value_info(o, onnx.TypeProto()) for o in node.output if o])
-        opsets = [helper.make_opsetid("", opset)]
+        dev = _device(device)
+        if dev.is_cuda and not cuda_status().available:
+            raise DeviceError(f"device {device} is not usable: {cuda_status().reason}")
+        opsets = {"": kwargs.get("opset_version", onnx.defs.onnx_opset_version())}
         if node.domain not in ("", "ai.onnx"):
-            opsets.append(helper.make_opsetid(node.domain, 1))
-        model = helper.make_model(graph, opset_imports=opsets)
-        return cls.prepare(model, device).run(dict(zip(names, values)))
+            opsets[node.domain] = 1
+        outputs = run_single_node(node, list(inputs), RuntimeContext(dev, opsets))
+        return tuple(to_host_value(v) for v in outputs)
 
     @classmethod
     def supports_device(cls, device: str) -> bool:

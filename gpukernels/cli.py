@@ -105,15 +105,25 @@ def summarize(name: str, value) -> dict:
     return out
 
 
-def cmd_run(args) -> int:
-    from .runtime import Session
-
+def model_and_device(args, command: str):
+    """(model path, device, why) for a command's MODEL and --device; None after printing
+    the reason when the device is not usable."""
     model = args.model or str(bundled_model_path())
     try:
         device, why = resolve_device(args.device)
     except Exception as exc:
-        print(f"gpukernels run: {exc}", file=sys.stderr)
+        print(f"gpukernels {command}: {exc}", file=sys.stderr)
+        return None
+    return model, device, why
+
+
+def cmd_run(args) -> int:
+    from .runtime import Session
+
+    resolved = model_and_device(args, "run")
+    if resolved is None:
         return EXIT_NO_DEVICE
+    model, device, why = resolved
     t0 = time.perf_counter()
     session = Session(model, device=device)
     t_prepare = time.perf_counter() - t0

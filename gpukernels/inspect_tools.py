@@ -84,15 +84,13 @@ def cmd_parity(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from .cli import bundled_model_path, resolve_device
+    from .cli import model_and_device
     from .profiling import format_profile, profile
 
-    model = args.model or str(bundled_model_path())
-    try:
-        device, _ = resolve_device(args.device)
-    except Exception as exc:
-        print(f"gpukernels profile: {exc}", file=sys.stderr)
+    resolved = model_and_device(args, "profile")
+    if resolved is None:
         return EXIT_NO_DEVICE
+    model, device, _ = resolved
     sync = None if args.sync == "auto" else args.sync == "on"
     report = profile(model, device, args.repeat, sync)
     if args.json:

@@ -87,7 +87,7 @@ def collect(kinds=KINDS, pattern: str | None = None) -> list[Case]:
                 cases.append(Case(tc.name, "node", tc, _operator_of(tc.name, tc.model)))
         else:
             for tc in sorted(load_model_tests(kind=kind), key=lambda t: t.name):
-                cases.append(Case(tc.name, kind, tc, _operator_of(tc.name, None) if kind == "node" else kind))
+                cases.append(Case(tc.name, kind, tc, kind))
     if pattern:
         rx = re.compile(pattern)
         cases = [c for c in cases if rx.search(c.id)]

@@ -74,12 +74,16 @@ _REGISTRY: dict[tuple[str, str], dict[int, type]] = {}
 
 def schema_versions(op_type: str, domain: str = "") -> list[int]:
     """Every since_version the installed onnx defines for (domain, op_type)."""
-    return sorted({s.since_version for s in _all_schemas() if s.name == op_type and s.domain == domain})
+    return _schema_versions_index().get((domain, op_type), [])
 
 
 @functools.lru_cache(maxsize=1)
-def _all_schemas():
-    return tuple(onnx.defs.get_all_schemas_with_history())
+def _schema_versions_index() -> dict:
+    """{(domain, op_type): sorted since_versions}, built once from the schema history."""
+    index: dict = {}
+    for s in onnx.defs.get_all_schemas_with_history():
+        index.setdefault((s.domain, s.name), set()).add(s.since_version)
+    return {k: sorted(v) for k, v in index.items()}
 
 
 def register(op_type: str | None = None, *, domain: str = "", versions=None):

@@ -204,16 +204,11 @@ class Loop(_ControlFlowBase):
         if n_out < 1 + n:
             raise self.error(f"body declares {n_out} outputs; with {n} loop-carried values it needs "
                              f"at least {1 + n} (cond, state..., scan outputs...)")
-        plan = prepare_body(self, body)
-        parent = self.outer_scope
-        checker = self.output_checker(body, "body", schema=("V", 1))
-        declared_out = checker.declared
+        run, declared_out = self.checked_body(body, ("V", 1))
         wrap, in_types, unused = self.per_graph(body, "inputs", lambda: _loop_inputs(body))
 
         def step(it, c, state):
-            outs = plan.run([it, c, *state], parent=parent)
-            checker(outs)
-            return outs
+            return run([it, c, *state])
 
         return self._run(M, cond, v_initial, step, n, scan_types=declared_out[1 + n:],
                          wrap=wrap, in_types=in_types, pass_iteration=0 not in unused,
@@ -395,18 +390,7 @@ class Scan(_ControlFlowBase):
             return self._scan8(inputs[0], list(inputs[1:]), body, m, directions)
         if directions is not None:
             raise self.error("'directions' is the opset-8 attribute; use scan_input_directions")
-        if m < 1:
-            raise self.error(f"num_scan_inputs must be at least 1, got {m}")
-        if m > len(inputs):
-            raise self.error(f"num_scan_inputs is {m} but only {len(inputs)} inputs are given")
-        n = len(inputs) - m
-        n_in, n_out = len(body.input), len(body.output)
-        if n_in != n + m:
-            raise self.error(f"body declares {n_in} inputs; with {n} states and {m} scan inputs it "
-                             f"must declare {n + m}")
-        if n_out < n:
-            raise self.error(f"body declares {n_out} outputs; it must return at least the {n} states")
-        k = n_out - n
+        n, k = self._counts(inputs, body, m)
         in_axes = self._int_list(scan_input_axes, m, "scan_input_axes", 0)
         in_dirs = self._int_list(scan_input_directions, m, "scan_input_directions", 0, flags=True)
         out_axes = self._int_list(scan_output_axes, k, "scan_output_axes", 0)
@@ -430,15 +414,7 @@ class Scan(_ControlFlowBase):
                                  f"has {length}; scan inputs must agree",
                                  **{f"scan_input_0": scan_in[0], f"scan_input_{i}": x})
             sliced.append(self._steps(x, a, rev))
-        plan = prepare_body(self, body)
-        parent = self.outer_scope
-        checker = self.output_checker(body, "body", schema=("V", 0))
-        declared = checker.declared
-
-        def run(args):
-            outs = plan.run(args, parent=parent)
-            checker(outs)
-            return outs
+        run, declared = self.checked_body(body, ("V", 0))
 
         final, columns = self._loop(run, states, sliced, length, n, k)
         return self._finish(final, columns, out_axes, out_dirs, declared[n:])
@@ -514,8 +490,8 @@ class Scan(_ControlFlowBase):
         columns = [[self.value_here(r[j], f"scan value {j}") for r in rows] for j in range(k)]
         return self._finish(final, columns, out_axes, out_dirs, types)
 
-    # ------------------------------------------------------------ opset 8
-    def _scan8(self, sequence_lens, inputs, body, m, directions):
+    def _counts(self, inputs, body, m):
+        """(states, scan outputs) for num_scan_inputs m, checked against the body."""
         if m < 1:
             raise self.error(f"num_scan_inputs must be at least 1, got {m}")
         if m > len(inputs):
@@ -527,7 +503,11 @@ class Scan(_ControlFlowBase):
                              f"must declare {n + m}")
         if n_out < n:
             raise self.error(f"body declares {n_out} outputs; it must return at least the {n} states")
-        k = n_out - n
+        return n, n_out - n
+
+    # ------------------------------------------------------------ opset 8
+    def _scan8(self, sequence_lens, inputs, body, m, directions):
+        n, k = self._counts(inputs, body, m)
         dirs = self._int_list(directions, m, "directions", 0, flags=True)
         states = [self._state(v, f"initial state {i}") for i, v in enumerate(inputs[:n])]
         scan_in = [self._state(v, f"scan input {i}") for i, v in enumerate(inputs[n:])]
@@ -557,15 +537,7 @@ class Scan(_ControlFlowBase):
             lens = [int(v) for v in np.asarray(sl.numpy())]
             if any(v < 0 or v > length for v in lens):
                 raise self.error(f"sequence_lens values {lens} must lie in [0, {length}]", sequence_lens=sl)
-        plan = prepare_body(self, body)
-        parent = self.outer_scope
-        checker = self.output_checker(body, "body", schema=("V", 0))
-        declared = checker.declared
-
-        def run(args):
-            outs = plan.run(args, parent=parent)
-            checker(outs)
-            return outs
+        run, declared = self.checked_body(body, ("V", 0))
 
         finals = [[] for _ in range(n)]
         per_batch = []  # per batch: list of k columns

@@ -135,6 +135,20 @@ class SequenceKernelBase(KernelBase):
         return self.per_graph(graph, "checker:" + what,
                               lambda: OutputChecker(self, what, graph.output, schema=schema))
 
+    def checked_body(self, graph, schema):
+        """(run, declared outputs) for a Loop/Scan body: run(inputs) runs the prepared
+        body in this kernel's outer scope and checks its outputs against the declared ones."""
+        plan = prepare_body(self, graph)
+        parent = self.outer_scope
+        checker = self.output_checker(graph, "body", schema=schema)
+
+        def run(args):
+            outs = plan.run(args, parent=parent)
+            checker(outs)
+            return outs
+
+        return run, checker.declared
+
     def xp_for(self, data_type):
         """The array namespace for a tensor type: STRING tensors always use NumPy."""
         return np if data_type == DataType.STRING else self.xp

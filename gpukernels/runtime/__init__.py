@@ -46,7 +46,7 @@ def run_node(node: onnx.NodeProto, inputs: list, context: RuntimeContext | None 
     graph = onnx.helper.make_graph([node], "run_node",
                                    [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in names],
                                    [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in node.output if n])
-    given = [v for n, v in zip(node.input, inputs) if n]
+    given = [to_runtime_value(v, None, context.device) for n, v in zip(node.input, inputs) if n]
     return run_graph(graph, dict(zip(names, given)), context)
 
 

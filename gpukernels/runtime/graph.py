@@ -286,14 +286,7 @@ class PreparedGraph:
                 except KeyError:
                     run_node(p, scope, observer)
                 else:
-                    try:
-                        result = p.kernel(*args, **p.attrs)
-                    except GpuKernelsError as exc:
-                        if getattr(exc, "node_name", None):
-                            raise
-                        raise self._wrap(p, args, exc) from exc
-                    except _KERNEL_ERRORS as exc:
-                        raise self._wrap(p, args, exc) from exc
+                    result = self._execute(p, args, scope, None)
                     if result.__class__ is Tensor:
                         values[p.outputs[0]] = result
                     else:
@@ -326,6 +319,14 @@ class PreparedGraph:
                                      "or any enclosing scope") from None
             args.append(v)
         t0 = time.perf_counter() if observer is not None else 0.0
+        result = self._execute(p, args, scope, observer)
+        outputs = self._store(p, args, result, scope.values)
+        if observer is not None:
+            observer(p, args, outputs[:len(p.outputs)], time.perf_counter() - t0)
+
+    def _execute(self, p: PreparedNode, args, scope: Scope, observer):
+        """The node's result: its kernel, model-local function or schema function body.
+        A failure comes out as a NodeError naming the node and its inputs."""
         try:
             if p.kernel is not None:
                 k = p.kernel
@@ -338,19 +339,16 @@ class PreparedGraph:
                     from ..xp import synchronize
 
                     synchronize(self.ctx.device)
-            elif p.function is not None:
-                result = self._call_function(p, args)
-            else:
-                result = self._call_schema_function(p, args)
+                return result
+            if p.function is not None:
+                return self._call_function(p, args)
+            return self._call_schema_function(p, args)
         except GpuKernelsError as exc:
             if getattr(exc, "node_name", None):
                 raise
             raise self._wrap(p, args, exc) from exc
         except _KERNEL_ERRORS as exc:
             raise self._wrap(p, args, exc) from exc
-        outputs = self._store(p, args, result, scope.values)
-        if observer is not None:
-            observer(p, args, outputs[:len(p.outputs)], time.perf_counter() - t0)
 
     def _store(self, p: PreparedNode, args, result, values: dict) -> list:
         """Bind a kernel's result to the node's output names; returns the outputs."""

@@ -189,19 +189,26 @@ def _depthwise(xp, x, w, strides, pads, dilations, O):
     return y.reshape((N, M) + tuple(O))
 
 
-def conv_attributes(kernel, x, w, kernel_shape, strides, dilations, pads, auto_pad, group,
-                    w_name="W"):
-    """Validate Conv-style inputs and attributes; returns (strides, pads, dilations,
-    out_shape) with pads resolved (begin..end)."""
+def check_conv_ranks(kernel, x, w, group, w_name="W") -> tuple[int, int]:
+    """Check X is N x C x D1... with W of the same rank and group >= 1; returns
+    (spatial rank, group)."""
     tensors = {"X": x, w_name: w}
     if x.ndim < 3:
         raise kernel.error("X must have rank >= 3 (N x C x D1 ...)", **tensors)
     if w.ndim != x.ndim:
         raise kernel.error(f"{w_name} must have the rank of X ({x.ndim}), got {w.ndim}", **tensors)
-    n_sp = x.ndim - 2
     group = int(group)
     if group < 1:
         raise kernel.error(f"group must be >= 1, got {group}", **tensors)
+    return x.ndim - 2, group
+
+
+def conv_attributes(kernel, x, w, kernel_shape, strides, dilations, pads, auto_pad, group,
+                    w_name="W"):
+    """Validate Conv-style inputs and attributes; returns (strides, pads, dilations,
+    out_shape) with pads resolved (begin..end)."""
+    tensors = {"X": x, w_name: w}
+    n_sp, group = check_conv_ranks(kernel, x, w, group, w_name)
     C = x.shape[1]
     M = w.shape[0]
     if w.shape[1] * group != C:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ..base import KernelBase, register
 from . import _spatial as sp
+from .conv import check_conv_ranks
 
 
 def scatter_taps(xp, out, cols, K, strides, dilations, counts, origin):
@@ -96,14 +97,7 @@ class ConvTranspose(KernelBase):
         b = self.tensor(B, "B", optional=True)
         self.check_inputs(x, w, b)
         tensors = {"X": x, "W": w}
-        if x.ndim < 3:
-            raise self.error("X must have rank >= 3 (N x C x D1 ...)", **tensors)
-        if w.ndim != x.ndim:
-            raise self.error(f"W must have the rank of X ({x.ndim}), got {w.ndim}", **tensors)
-        n_sp = x.ndim - 2
-        group = int(group)
-        if group < 1:
-            raise self.error(f"group must be >= 1, got {group}", **tensors)
+        n_sp, group = check_conv_ranks(self, x, w, group)
         C = x.shape[1]
         if w.shape[0] != C:
             raise self.error(f"channel mismatch: X has {C} channels but W.shape[0] is {w.shape[0]}",

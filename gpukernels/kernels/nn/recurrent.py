@@ -136,6 +136,14 @@ class _StepMatmul:
         return gates
 
 
+def _step(xp, valid, s, hn, h):
+    """(output, state) after step s: past an entry's sequence length its output is 0 and
+    its state is kept (valid[s] marks the entries still running; None: all are)."""
+    if valid is None:
+        return hn, hn
+    return xp.where(valid[s], hn, 0), xp.where(valid[s], hn, h)
+
+
 class _RecurrentBase(KernelBase):
     """Shared validation, layout handling and sequence bookkeeping."""
 
@@ -354,11 +362,7 @@ class RNN(_RecurrentBase):
                 hn = xp.matmul(h, Rt)
                 hn += xs[s]
                 hn = f.inplace(xp, self._clip(xp, hn, clip))
-                if valid is not None:
-                    hn = xp.where(valid[s], hn, 0)
-                    h = xp.where(valid[s], hn, h)
-                else:
-                    h = hn
+                hn, h = _step(xp, valid, s, hn, h)
                 if want_y:
                     out[s] = hn
             Ys.append(out)
@@ -441,11 +445,7 @@ class GRU(_RecurrentBase):
                 hn = h - cand
                 hn *= z
                 hn += cand
-                if valid is not None:
-                    hn = xp.where(valid[s], hn, 0)
-                    h = xp.where(valid[s], hn, h)
-                else:
-                    h = hn
+                hn, h = _step(xp, valid, s, hn, h)
                 if want_y:
                     out[s] = hn
             Ys.append(out)
@@ -531,12 +531,8 @@ class LSTM(_RecurrentBase):
                     o = f.inplace(xp, self._clip(xp, go, clip))
                 hn = hf(xp, cn)
                 hn *= o
-                if valid is not None:
-                    hn = xp.where(valid[s], hn, 0)
-                    h = xp.where(valid[s], hn, h)
-                    c = xp.where(valid[s], cn, c)
-                else:
-                    h, c = hn, cn
+                hn, h = _step(xp, valid, s, hn, h)
+                c = cn if valid is None else xp.where(valid[s], cn, c)
                 if want_y:
                     out[s] = hn
             Ys.append(out)
