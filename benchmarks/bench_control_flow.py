@@ -81,7 +81,8 @@ def main():
              flops=2.0 * steps * hidden * hidden),
     ]
     cases = [c for c in cases if args.filter in c.name]
-    run_cases("control flow", cases, repeat=args.repeat, min_time=args.min_time, device=args.device)
+    run_cases("control flow", cases, repeat=args.repeat, min_time=args.min_time, device=args.device,
+              with_reference=not args.no_reference)
 
 
 if __name__ == "__main__":

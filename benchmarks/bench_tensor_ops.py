@@ -63,7 +63,8 @@ def cases() -> list[Case]:
 def main():
     args = parse_args(__doc__)
     selected = [c for c in cases() if args.filter in c.name]
-    run_cases("tensor ops", selected, repeat=args.repeat, min_time=args.min_time, device=args.device)
+    run_cases("tensor ops", selected, repeat=args.repeat, min_time=args.min_time, device=args.device,
+              with_reference=not args.no_reference)
 
 
 if __name__ == "__main__":

@@ -116,32 +116,57 @@ def runner(kind: str, model: onnx.ModelProto, device: str = "cpu"):
     raise ValueError(kind)
 
 
+def _time_interleaved(fns: dict, repeat: int, min_time: float) -> dict:
+    """Median time of each callable, timed in alternating rounds (one call of each per
+    round) so that load from other processes hits every runtime alike and the ratios
+    stay meaningful on a shared machine."""
+    for fn in fns.values():
+        fn()  # warm-up (compilation, caches)
+    times = {kind: [] for kind in fns}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < repeat or time.perf_counter() - start < min_time * len(fns):
+        for kind, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[kind].append(time.perf_counter() - t0)
+        rounds += 1
+        if rounds >= 1000:
+            break
+    return {kind: statistics.median(ts) for kind, ts in times.items()}
+
+
 def run_cases(title: str, cases: list[Case], repeat: int = 5, min_time: float = 0.5,
-              device: str = "cpu", reference_limit: float = 30.0) -> list[dict]:
-    """Time every case on the three runtimes and print a table; returns the rows."""
+              device: str = "cpu", reference_limit: float = 30.0,
+              with_reference: bool = True) -> list[dict]:
+    """Time every case on the three runtimes and print a table; returns the rows.
+    gpukernels and onnxruntime are timed interleaved; onnx.reference, often orders of
+    magnitude slower, is timed on its own (once when a single run is already long)."""
     rows = []
+    kinds = ("gpukernels", "onnxruntime", "reference") if with_reference else ("gpukernels", "onnxruntime")
     for case in cases:
         row = {"case": case.name}
-        for kind in ("gpukernels", "onnxruntime", "reference"):
+        fns = {}
+        for kind in kinds:
+            row[kind] = None
             if kind in case.skip:
-                row[kind] = None
                 continue
             try:
                 fn = runner(kind, case.model, device if kind == "gpukernels" else "cpu")
                 if fn is None:
-                    row[kind] = None
                     continue
-                # onnx.reference can be very slow: time it once when it is
                 t0 = time.perf_counter()
-                fn(case.feeds)
+                fn(case.feeds)  # a first run also proves the runtime can run the case
                 first = time.perf_counter() - t0
-                if kind == "reference" and first * repeat > reference_limit:
-                    row[kind] = first
+                if kind == "reference":
+                    row[kind] = first if first * repeat > reference_limit else \
+                        _time(lambda: fn(case.feeds), repeat, min_time)
                 else:
-                    row[kind] = _time(lambda: fn(case.feeds), repeat, min_time)
+                    fns[kind] = (lambda f: lambda: f(case.feeds))(fn)
             except Exception as exc:  # a runtime that cannot run a case is reported, not fatal
-                row[kind] = None
                 row.setdefault("errors", []).append(f"{kind}: {type(exc).__name__}: {str(exc)[:120]}")
+        if fns:
+            row.update(_time_interleaved(fns, repeat, min_time))
         if case.flops and row.get("gpukernels"):
             row["gflops"] = case.flops / row["gpukernels"] / 1e9
         rows.append(row)
@@ -176,6 +201,7 @@ def parse_args(description: str):
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--min-time", type=float, default=0.5)
     p.add_argument("--filter", default="", help="only cases whose name contains this text")
+    p.add_argument("--no-reference", action="store_true", help="skip onnx.reference (quick checks)")
     return p.parse_args()
 
 
@@ -198,4 +224,5 @@ def main_for(title: str, make_cases, doc: str) -> None:
     """The command line of a benchmark script: --filter, --repeat, --min-time, --device."""
     args = parse_args(doc)
     selected = [c for c in make_cases() if args.filter in c.name]
-    run_cases(title, selected, repeat=args.repeat, min_time=args.min_time, device=args.device)
+    run_cases(title, selected, repeat=args.repeat, min_time=args.min_time, device=args.device,
+              with_reference=not args.no_reference)
