@@ -210,6 +210,19 @@ class KernelBase:
         """True when output 0 may alias input 0 (the runtime then may reuse its buffer)."""
         return False
 
+    def array_function(self, inputs: list, attrs: dict):
+        """Optional fast path for a node called many times with inputs of unchanging
+        element types and shapes (a Loop or Scan body): None (the default), or a
+        function f(*arrays) -> array.
+
+        inputs are the Tensors of a call that just succeeded (so they are valid) and
+        attrs its attributes.  f must return the same array (storage dtype, shape and
+        values) as ``self(*inputs, **attrs).array`` for any inputs of the same element
+        types, shapes and device, provided no floating-point exception occurs: the
+        runtime calls f with floating-point errors raising and, on any exception, redoes
+        the call through the kernel (which then warns, ignores or raises as it does)."""
+        return None
+
     def run_subgraph(self, graph, inputs: list, input_names=None) -> list:
         """Run an ONNX GraphProto (an If branch, a Loop/Scan body) with the given formal
         inputs; it reads outer names from self.outer_scope.  Returns its outputs."""

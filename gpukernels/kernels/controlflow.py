@@ -13,6 +13,10 @@ Every kernel also has a form that needs no graph:
 * ``Loop(ctx).assemble(...)`` / ``Scan(ctx).assemble(...)`` build the operator's outputs
   from per-iteration values evaluated elsewhere.
 
+Loop and Scan bodies are compiled for their input signature after one general
+iteration (see ``runtime.body.BodyProgram``): later iterations run on arrays with
+pre-bound kernels; the context option ``compile_bodies=False`` turns this off.
+
 Return values: the single output itself when the operator has exactly one output, a
 tuple otherwise.  Loop-carried values stay where the body leaves them (on the GPU in a
 cuda context); scan outputs are collected per iteration and stacked once at the end.
@@ -94,11 +98,21 @@ class _ControlFlowBase(SequenceKernelBase):
             if v.data_type != first.data_type or v.shape != first.shape:
                 raise self.error(f"{where}: iteration {i} produced {describe(v)}, iteration 0 "
                                  f"{describe(first)}; scan output elements must agree in type and shape")
+        return self.stack_arrays([v.array for v in values], first.data_type, axis, where)
+
+    def stack_arrays(self, arrays, data_type, axis: int, where: str) -> Tensor:
+        """Stack arrays already known to share element type and shape."""
+        first = arrays[0]
         r = first.ndim + 1
         if not -r <= axis < r:
             raise self.error(f"{where}: axis {axis} is out of range for rank-{r} output")
-        xp = self.xp_for(first.data_type)
-        return self.result(xp.stack([v.array for v in values], axis=axis % r), first.data_type)
+        xp = self.xp_for(data_type)
+        if axis % r == 0 and first.ndim:
+            # one concatenation, no per-array expand_dims: much faster for many small arrays
+            y = xp.concatenate(arrays, axis=0).reshape((len(arrays),) + tuple(first.shape))
+        else:
+            y = xp.stack(arrays, axis=axis % r)
+        return self.result(y, data_type)
 
     def empty_scan_output(self, declared, axis: int, where: str, leading: tuple = ()) -> Tensor:
         """A scan output with zero iterations: element type and trailing shape from the
@@ -125,6 +139,138 @@ class _ControlFlowBase(SequenceKernelBase):
 def _pack(outputs):
     outputs = list(outputs)
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+class _Column:
+    """One scan output's per-iteration values, in order: runs of arrays of one element
+    type (from compiled iterations, their shape proven equal) and runs of general values
+    (checked when stacked).  Stacked once at the end."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, values=None):
+        self.parts = [[None, list(values)]] if values else []  # [data_type or None, items]
+
+    def add(self, value) -> None:
+        """A general iteration's value."""
+        if not self.parts or self.parts[-1][0] is not None:
+            self.parts.append([None, []])
+        self.parts[-1][1].append(value)
+
+    def fast(self, data_type):
+        """The append function for a run of arrays of data_type."""
+        self.parts.append([data_type, []])
+        return self.parts[-1][1].append
+
+    def __bool__(self) -> bool:
+        return any(items for _, items in self.parts)
+
+    def values(self) -> list:
+        """Every iteration's value, arrays wrapped as Tensors."""
+        out = []
+        for dt, items in self.parts:
+            out.extend(items if dt is None else [Tensor.wrap(a, dt) for a in items])
+        return out
+
+    def stack(self, kernel, axis: int, where: str, reverse: bool = False) -> Tensor:
+        arrays = self._arrays()
+        if arrays is not None:
+            dt, items = arrays
+            return kernel.stack_arrays(items[::-1] if reverse else items, dt, axis, where)
+        values = self.values()  # something differs: the general check names the iteration
+        return kernel.stack(values[::-1] if reverse else values, axis, where)
+
+    def _arrays(self):
+        """(data_type, arrays) when every value is a present tensor of one element type
+        and shape (array runs are checked by their first item), else None."""
+        dt = shape = None
+        out = []
+        for part_dt, items in self.parts:
+            if not items:
+                continue
+            if part_dt is None:
+                for v in items:
+                    if v.__class__ is not Tensor or v.array is None:
+                        return None
+                    if dt is None:
+                        dt, shape = v.data_type, v.array.shape
+                    elif v.data_type != dt or v.array.shape != shape:
+                        return None
+                    out.append(v.array)
+            else:
+                if dt is None:
+                    dt, shape = part_dt, items[0].shape
+                elif part_dt != dt or items[0].shape != shape:
+                    return None
+                out.extend(items)
+        return (dt, out) if out else None
+
+
+class _Body:
+    """A Loop/Scan body run in the kernel's outer scope, its outputs checked.
+
+    A general iteration whose input signature (element types, shapes) is new is
+    recorded and the body compiled for that signature (runtime BodyProgram), so later
+    iterations with it run on arrays without per-node Tensor checks.  A program that an
+    iteration leaves (a shape inside the body changed) is dropped, so the next
+    iteration recompiles.  Bodies whose inputs or outputs are not all tensors always
+    run the general way."""
+
+    MAX_COMPILES = 8  # per call: a state growing each iteration would otherwise compile
+    #                   every iteration
+
+    def __init__(self, kernel, graph, schema):
+        self.plan = prepare_body(kernel, graph)
+        self.parent = kernel.outer_scope
+        self.checker = kernel.output_checker(graph, "body", schema=schema)
+        self.declared = self.checker.declared
+        self.programs = {}
+        self.compiles = 0
+        self.compile = bool(kernel.ctx.option("compile_bodies", True))
+
+    @staticmethod
+    def key(values):
+        from ..runtime.body import signature
+
+        sigs = tuple(signature(v) for v in values)
+        return None if None in sigs else sigs
+
+    def program_for(self, values):
+        if not self.programs:
+            return None
+        key = self.key(values)
+        return self.programs.get(key) if key is not None else None
+
+    def run(self, values, record: bool = False) -> list:
+        """A general iteration; with record, compile the body for these inputs'
+        signature when not done yet."""
+        key = self.key(values) if record and self.compile and self.compiles < self.MAX_COMPILES \
+            else None
+        if key is None or key in self.programs:
+            outs = self.plan.run(values, parent=self.parent)
+            self.checker(outs)
+            return outs
+        from ..runtime.body import BodyProgram, record_run
+
+        outs, records = record_run(self.plan, values, self.parent)
+        self.checker(outs)
+        self.compiles += 1
+        self.programs[key] = BodyProgram.compile(self.plan, self.parent, values, outs, records)
+        return outs
+
+    def left(self, prog, outs) -> None:
+        """An iteration left prog: check its outputs the general way and drop prog
+        (while compiles remain) so the next iteration compiles for the new shapes."""
+        self.checker(outs)
+        if self.compiles < self.MAX_COMPILES:
+            self.programs = {k: p for k, p in self.programs.items() if p is not prog}
+
+
+def _truth(a) -> bool:
+    """The value of a one-element BOOL array (proven so by the recorded iteration)."""
+    if is_cupy_array(a):
+        return bool(a.reshape(-1)[0].get())
+    return bool(a) if a.ndim == 0 else bool(a.reshape(-1)[0])
 
 
 # ============================================================================ If
@@ -204,15 +350,11 @@ class Loop(_ControlFlowBase):
         if n_out < 1 + n:
             raise self.error(f"body declares {n_out} outputs; with {n} loop-carried values it needs "
                              f"at least {1 + n} (cond, state..., scan outputs...)")
-        run, declared_out = self.checked_body(body, ("V", 1))
+        runner = _Body(self, body, ("V", 1))
         wrap, in_types, unused = self.per_graph(body, "inputs", lambda: _loop_inputs(body))
-
-        def step(it, c, state):
-            return run([it, c, *state])
-
-        return self._run(M, cond, v_initial, step, n, scan_types=declared_out[1 + n:],
+        return self._run(M, cond, v_initial, None, n, scan_types=runner.declared[1 + n:],
                          wrap=wrap, in_types=in_types, pass_iteration=0 not in unused,
-                         check_states=False)
+                         check_states=False, body=runner)
 
     # ------------------------------------------------------------ other forms
     def run_callback(self, M=None, cond=None, initial_values=(), body=None, scan_output_types=None):
@@ -295,7 +437,9 @@ class Loop(_ControlFlowBase):
         return int(np.asarray(t.numpy()).reshape(-1)[0])
 
     def _run(self, M, cond, initial_values, step, n, scan_types=None, wrap=None, in_types=None,
-             pass_iteration=True, check_states=True):
+             pass_iteration=True, check_states=True, body=None):
+        """The loop: step(it, cond, state) -> outputs runs one iteration, or, for a graph
+        body, body (a _Body) does, compiled once the signature is known."""
         trip = self._trip_count(M)
         cond_given = cond is not None and not (isinstance(cond, Tensor) and cond.is_absent)
         keep_going = self.flag(cond, "cond") if cond_given else True
@@ -312,11 +456,26 @@ class Loop(_ControlFlowBase):
         dummy_iter = None if pass_iteration else self.result(xp.asarray(np.int64(0)), DataType.INT64)
         scans = None
         i = 0
+        compiled = body is not None and wrap is None
         while keep_going and (trip is None or i < trip):
             it = self.result(xp.asarray(np.int64(i)), DataType.INT64) if pass_iteration else dummy_iter
             fed = state if wrap is None else [self._wrap_optional(v, tp) if w else v
                                               for v, w, tp in zip(state, wrap, in_types)]
-            outs = step(it, cond_t, fed)
+            if body is None:
+                outs = step(it, cond_t, fed)
+            else:
+                args = [it, cond_t, *fed]
+                prog = body.program_for(args) if compiled else None
+                if prog is None:
+                    outs = body.run(args, record=compiled and (trip is None or trip - i >= 2))
+                else:
+                    if scans is None:
+                        scans = [_Column() for _ in range(len(prog.out_sig) - 1 - n)]
+                    i, keep_going, cond_t, state, outs = self._fast(prog, i, trip, it, cond_t, state,
+                                                                   scans, n, pass_iteration)
+                    if outs is None:
+                        continue
+                    body.left(prog, outs)  # iteration i left the compiled path
             c_out = outs[0]
             if c_out is not cond_t:
                 keep_going = self.flag(c_out, "body output cond")
@@ -326,21 +485,60 @@ class Loop(_ControlFlowBase):
                 for j, v in enumerate(state):
                     self.check_value_type(v, f"body output {1 + j} (loop-carried value {j})")
             if scans is None:
-                scans = [[] for _ in range(len(outs) - 1 - n)]
+                scans = [_Column() for _ in range(len(outs) - 1 - n)]
             elif len(outs) - 1 - n != len(scans):
                 raise self.error(f"iteration {i} produced {len(outs) - 1 - n} scan values, earlier "
                                  f"iterations {len(scans)}")
             for col, v in zip(scans, outs[1 + n:]):
-                col.append(v)
+                col.add(v)
             i += 1
         results = list(state)
         if scans is not None:
             for j, col in enumerate(scans):
-                results.append(self.stack(col, 0, f"scan output {j}"))
+                results.append(col.stack(self, 0, f"scan output {j}"))
         elif scan_types:
             for j, declared in enumerate(scan_types):
                 results.append(self.empty_scan_output(declared, 0, f"scan output {j}"))
         return _pack(results)
+
+    def _fast(self, prog, i, trip, it, cond_t, state, scans, n, pass_iteration):
+        """Iterations i, i+1, ... on arrays through the compiled body while the loop
+        goes on and its signature holds (the cond and states keep theirs).  Returns
+        (i, keep_going, cond_t, state, outs): outs are the unchecked outputs of
+        iteration i when it left the compiled path, else None."""
+        xp = self.xp
+        out_sig = prog.out_sig
+        stable = prog.in_sig[1:] == out_sig[:1 + n]
+        appends = [col.fast(sig[0]) for col, sig in zip(scans, out_sig[1 + n:])]
+        c_arr, c_in = cond_t.array, cond_t.array
+        st = [t.array for t in state]
+        it_arr = it.array
+        keep_going = True
+        run = prog.run
+        token = prog.guard.enter_strict()
+        try:
+            while True:
+                ok, outs = run([it_arr, c_arr, *st])
+                if not ok:
+                    cond = cond_t if c_arr is c_in else Tensor.wrap(c_arr, DataType.BOOL)
+                    return i, True, cond, state, outs
+                i += 1
+                c = outs[0]
+                if c is not c_arr:
+                    keep_going = _truth(c)
+                    c_arr = c
+                st = outs[1:1 + n]
+                for append, a in zip(appends, outs[1 + n:]):
+                    append(a)
+                if not (keep_going and stable and (trip is None or i < trip)):
+                    break
+                if pass_iteration:
+                    it_arr = xp.asarray(np.int64(i))
+        finally:
+            prog.guard.leave(token)
+        cond = cond_t if c_arr is c_in else Tensor.wrap(c_arr, DataType.BOOL)
+        state = [Tensor.wrap(a, sig[0]) for a, sig in zip(st, out_sig[1:1 + n])]
+        return i, keep_going, cond, state, None
 
     def _wrap_optional(self, v, type_proto):
         if isinstance(v, (Tensor, Sequence)):
@@ -414,10 +612,9 @@ class Scan(_ControlFlowBase):
                                  f"has {length}; scan inputs must agree",
                                  **{f"scan_input_0": scan_in[0], f"scan_input_{i}": x})
             sliced.append(self._steps(x, a, rev))
-        run, declared = self.checked_body(body, ("V", 0))
-
-        final, columns = self._loop(run, states, sliced, length, n, k)
-        return self._finish(final, columns, out_axes, out_dirs, declared[n:])
+        runner = _Body(self, body, ("V", 0))
+        final, columns = self._loop(runner, states, sliced, length, n, k)
+        return self._finish(final, columns, out_axes, out_dirs, runner.declared[n:])
 
     # ------------------------------------------------------------ helpers
     def _int_list(self, values, count, name, default, flags=False):
@@ -447,24 +644,66 @@ class Scan(_ControlFlowBase):
             arr = xp.ascontiguousarray(arr)
         return arr, x.data_type
 
-    def _loop(self, run, states, sliced, length, n, k):
-        columns = [[] for _ in range(k)]
+    def _loop(self, body, states, sliced, length, n, k):
+        """Run the body over steps 0..length-1: (final states, k _Columns)."""
+        columns = [_Column() for _ in range(k)]
         wrap = Tensor.wrap
-        for t in range(length or 0):
+        t = 0
+        length = length or 0
+        while t < length:
             args = states + [wrap(arr[t, ...], dt) for arr, dt in sliced]
-            outs = run(args)
+            prog = body.program_for(args)
+            if prog is not None:
+                t, states, outs = self._fast(prog, t, length, states, [arr for arr, _ in sliced],
+                                             columns, n)
+                if outs is None:
+                    continue
+                body.left(prog, outs)  # step t left the compiled path
+            else:
+                outs = body.run(args, record=length - t >= 2)
             states = outs[:n]
             for col, v in zip(columns, outs[n:]):
-                col.append(v)
+                col.add(v)
+            t += 1
         return states, columns
+
+    def _fast(self, prog, t, length, states, arrays, columns, n):
+        """Steps t, t+1, ... on arrays through the compiled body while the states keep
+        their signature.  Returns (t, states, outs): outs are the unchecked outputs of
+        step t when it left the compiled path, else None."""
+        out_sig = prog.out_sig
+        stable = prog.in_sig[:n] == out_sig[:n]
+        appends = [col.fast(sig[0]) for col, sig in zip(columns, out_sig[n:])]
+        one = appends[0] if len(appends) == 1 else None
+        st = [s.array for s in states]
+        run = prog.run
+        # the steps' slices (iterating a rank >= 2 array gives the same views as a[t, ...])
+        steps = zip(*[iter(a[t:length]) if a.ndim > 1 else (a[i, ...] for i in range(t, length))
+                      for a in arrays])
+        token = prog.guard.enter_strict()
+        try:
+            for xs in steps:
+                ok, outs = run([*st, *xs])
+                if not ok:
+                    return t, states, outs
+                t += 1
+                st = outs[:n]
+                if one is not None:
+                    one(outs[n])
+                else:
+                    for append, a in zip(appends, outs[n:]):
+                        append(a)
+                if not stable:
+                    break
+        finally:
+            prog.guard.leave(token)
+        return t, [Tensor.wrap(a, sig[0]) for a, sig in zip(st, out_sig[:n])], None
 
     def _finish(self, final, columns, out_axes, out_dirs, declared):
         results = list(final)
         for j, col in enumerate(columns):
             if col:
-                if out_dirs[j]:
-                    col = col[::-1]
-                results.append(self.stack(col, out_axes[j], f"scan output {j}"))
+                results.append(col.stack(self, out_axes[j], f"scan output {j}", reverse=bool(out_dirs[j])))
             else:
                 results.append(self.empty_scan_output(declared[j] if declared else ("", 0, None),
                                                       out_axes[j], f"scan output {j}"))
@@ -487,7 +726,7 @@ class Scan(_ControlFlowBase):
         out_axes = self._int_list(scan_output_axes, k, "scan_output_axes", 0)
         out_dirs = self._int_list(scan_output_directions, k, "scan_output_directions", 0, flags=True)
         final = [self._state(v, f"final state {i}") for i, v in enumerate(final_states)]
-        columns = [[self.value_here(r[j], f"scan value {j}") for r in rows] for j in range(k)]
+        columns = [_Column([self.value_here(r[j], f"scan value {j}") for r in rows]) for j in range(k)]
         return self._finish(final, columns, out_axes, out_dirs, types)
 
     def _counts(self, inputs, body, m):
@@ -537,7 +776,8 @@ class Scan(_ControlFlowBase):
             lens = [int(v) for v in np.asarray(sl.numpy())]
             if any(v < 0 or v > length for v in lens):
                 raise self.error(f"sequence_lens values {lens} must lie in [0, {length}]", sequence_lens=sl)
-        run, declared = self.checked_body(body, ("V", 0))
+        runner = _Body(self, body, ("V", 0))
+        declared = runner.declared
 
         finals = [[] for _ in range(n)]
         per_batch = []  # per batch: list of k columns
@@ -549,10 +789,10 @@ class Scan(_ControlFlowBase):
                 if rev:
                     arr = arr[::-1]
                 steps.append((arr, x.data_type))
-            final, columns = self._loop(run, st, steps, lens[b], n, k)
+            final, columns = self._loop(runner, st, steps, lens[b], n, k)
             for j, v in enumerate(final):
                 finals[j].append(v)
-            per_batch.append(columns)
+            per_batch.append([col.values() for col in columns])
         results = []
         for j in range(n):
             if batch:

@@ -226,6 +226,9 @@ class PreparedGraph:
         schema = _schema(p.op_type, p.domain, opset if opset is not None else version)
         p.attrs = self._bind(node, schema, p)
         p.kernel = cls(self.ctx, version)
+        if p.requested is None and len(p.outputs) == 1:
+            # a one-output node: the kernel may skip its optional later outputs
+            p.kernel.requested_outputs = (True,)
         p.simple = (not p.needs_scope and p.requested is None and len(p.outputs) == 1
                     and all(p.inputs))
         return p
@@ -276,9 +279,15 @@ class PreparedGraph:
                                  f"{len(self.input_names)}")
             values.update(zip(self.input_names, inputs))
         scope = Scope(values, parent, self)
+        self._run_steps(scope, 0, observer)
+        return self._outputs(scope)
+
+    def _run_steps(self, scope: Scope, start: int, observer) -> None:
+        """Run nodes start.. on scope's values, releasing each value after its last use."""
+        values = scope.values
         run_node = self._run_node
         pop = values.pop
-        for p, release in self._steps:
+        for p, release in (self._steps if start == 0 else self._steps[start:]):
             if p.simple and observer is None:
                 # fast path: a one-output kernel whose inputs are all local values
                 try:
@@ -295,6 +304,9 @@ class PreparedGraph:
                 run_node(p, scope, observer)
             for name in release:
                 pop(name, None)
+
+    def _outputs(self, scope: Scope) -> list:
+        values = scope.values
         out = []
         for name in self.output_names:
             v = values.get(name, _MISSING)
@@ -479,3 +491,4 @@ def _as_outputs(result) -> list:
             return result
         return [result]
     return [result]
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...dtypes import DataType
 from ..base import KernelBase, register
+from .arith import native_compute
 
 
 @register()
@@ -30,8 +31,16 @@ class MatMul(KernelBase):
             for da, db in zip(reversed(sa[:-2]), reversed(sb[:-2])):
                 if da != db and 1 not in (da, db):
                     raise self.error("batch dimensions do not broadcast", A=a, B=b)
-        y = self.xp.matmul(self.to_compute(a), self.to_compute(b))
+        am, bm = self.to_compute(a), self.to_compute(b)
+        # 2-D operands: ndarray.dot is the same product with less call overhead
+        y = am.dot(bm) if len(sa) == 2 and len(sb) == 2 else self.xp.matmul(am, bm)
         return self.from_compute(y, a.data_type)
+
+    def array_function(self, inputs, attrs):
+        if not native_compute(inputs):
+            return None
+        a, b = inputs[0].array, inputs[1].array
+        return a.__class__.dot if a.ndim == 2 and b.ndim == 2 else self.xp.matmul
 
 
 @register()
@@ -74,6 +83,24 @@ class Gemm(KernelBase):
                 cm = (cm * beta).astype(cm.dtype) if not integer else _scale_int(xp, cm, beta)
             y = y + cm
         return self.from_compute(y, a.data_type)
+
+    def array_function(self, inputs, attrs):
+        """Float types computed natively, with C given: the same steps on arrays."""
+        if len(inputs) != 3 or not native_compute(inputs) or inputs[0].array.dtype.kind != "f":
+            return None
+        xp = self.xp
+        alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+        trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
+
+        def gemm(a, b, c):
+            y = xp.matmul(a.T if trans_a else a, b.T if trans_b else b)
+            if alpha != 1.0:
+                y = (y * alpha).astype(y.dtype)
+            if beta != 1.0:
+                c = (c * beta).astype(c.dtype)
+            return y + c
+
+        return gemm
 
 
 def _scale_int(xp, y, factor):

@@ -10,75 +10,76 @@ from __future__ import annotations
 
 from ..base import register
 from ._mathcommon import InputUnary
+from .arith import native_compute
+
+
+class _Trig(InputUnary):
+    """compute = the xp function named by ``ufunc``; it is also the array function."""
+
+    ufunc = ""
+
+    def compute(self, xp, x):
+        return getattr(xp, self.ufunc)(x)
+
+    def array_function(self, inputs, attrs):
+        return getattr(self.xp, self.ufunc) if native_compute(inputs) else None
 
 
 @register()
-class Acos(InputUnary):
-    def compute(self, xp, x):
-        return xp.arccos(x)
+class Acos(_Trig):
+    ufunc = "arccos"
 
 
 @register()
-class Acosh(InputUnary):
-    def compute(self, xp, x):
-        return xp.arccosh(x)
+class Acosh(_Trig):
+    ufunc = "arccosh"
 
 
 @register()
-class Asin(InputUnary):
-    def compute(self, xp, x):
-        return xp.arcsin(x)
+class Asin(_Trig):
+    ufunc = "arcsin"
 
 
 @register()
-class Asinh(InputUnary):
-    def compute(self, xp, x):
-        return xp.arcsinh(x)
+class Asinh(_Trig):
+    ufunc = "arcsinh"
 
 
 @register()
-class Atan(InputUnary):
-    def compute(self, xp, x):
-        return xp.arctan(x)
+class Atan(_Trig):
+    ufunc = "arctan"
 
 
 @register()
-class Atanh(InputUnary):
-    def compute(self, xp, x):
-        return xp.arctanh(x)
+class Atanh(_Trig):
+    ufunc = "arctanh"
 
 
 @register()
-class Cos(InputUnary):
-    def compute(self, xp, x):
-        return xp.cos(x)
+class Cos(_Trig):
+    ufunc = "cos"
 
 
 @register()
-class Cosh(InputUnary):
-    def compute(self, xp, x):
-        return xp.cosh(x)
+class Cosh(_Trig):
+    ufunc = "cosh"
 
 
 @register()
-class Sin(InputUnary):
-    def compute(self, xp, x):
-        return xp.sin(x)
+class Sin(_Trig):
+    ufunc = "sin"
 
 
 @register()
-class Sinh(InputUnary):
-    def compute(self, xp, x):
-        return xp.sinh(x)
+class Sinh(_Trig):
+    ufunc = "sinh"
 
 
 @register()
-class Tan(InputUnary):
-    def compute(self, xp, x):
-        return xp.tan(x)
+class Tan(_Trig):
+    ufunc = "tan"
 
 
 @register()
-class Tanh(InputUnary):
-    def compute(self, xp, x):
-        return xp.tanh(x)
+class Tanh(_Trig):
+    ufunc = "tanh"

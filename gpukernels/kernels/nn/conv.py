@@ -21,12 +21,16 @@ double.  On a GPU the hand-written CUDA kernel (gpukernels.gpu.conv) is tried fi
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 from . import _spatial as sp
 
 _CACHE_BLOCK_BYTES = 256 * 1024
+_DEPTHWISE_THREAD_ITEMS = 1 << 16  # output elements per host thread before splitting
 
 
 def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
@@ -47,9 +51,11 @@ def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
     if N == 0 or M == 0 or P == 0:
         y = xp.zeros((N, M, *O), dtype=dtype)
     elif group == C and w.shape[1] == 1 and group > 1:
-        y = _depthwise(xp, x, w, strides, pads, dilations, O)
+        return _depthwise(xp, x, w, b, strides, pads, dilations, O)
     elif all(k == 1 for k in K) and not any(pads):
         y = _pointwise(xp, x, w, strides, group, O)
+    elif xp is np and n_sp == 2 and group == 1 and x.dtype.kind == "f":
+        return _host_conv2d(x, w, b, strides, pads, dilations, O)
     else:
         y = _im2col(xp, x, w, strides, pads, dilations, group, O)
     if b is not None:
@@ -128,13 +134,137 @@ def _im2col(xp, x, w, strides, pads, dilations, group, O):
     return y
 
 
-def _depthwise(xp, x, w, strides, pads, dilations, O):
+# Host (NumPy) 2-D convolution.  Strides and dilations are removed by a phase split of the
+# zero-padded input: along an axis with stride s, tap i reads padded position o*s + i*d =
+# (o + q)*s + r with q, r = divmod(i*d, s), i.e. row o + q of phase image r (the padded
+# rows r, r + s, ...), so every tap reads a contiguous, stride-1 run of a phase image.
+# The column matrix is then filled by one copy per (kernel row, column phase) -- rows
+# (channel, tap) -- and a row of ones carries the bias into the matrix product, whose
+# output lands in NCHW order.  Two layouts of the columns:
+# * "wide" (stride-1 width, kernels wider than 1): each output row is computed over the
+#   whole phase-image width Wq = Wo + (kw-1)*dw/s and cropped afterwards, so a column block
+#   is one long contiguous run per (channel, tap) (a near memcpy) instead of Wo-long runs;
+#   chosen by _use_wide;
+# * otherwise exact rows of Wo, with the product written straight into Y.
+_HOST_COLS_BYTES = 8 * 1024 * 1024
+
+
+def _use_wide(kw, Wq, Wo, K, M) -> bool:
+    """Wide rows when the extra columns cost little and the column copy (K rows per
+    pixel) outweighs the crop copy (M per pixel); measured on a 2-core AVX-512 host."""
+    return kw > 1 and (Wq - Wo) * 8 <= Wo and K >= 4 * M
+
+
+def _phase_split(x, sh, sw, ph, pw, Hq, Wq, out):
+    """out[n, c, rh, rw, a, b] = padded x[n, c, a*sh + rh - ph, b*sw + rw - pw] (zero outside
+    x), for a < Hq, b < Wq; out's spare row a = Hq is zeroed (wide reads run into it)."""
+    H, W = x.shape[2:]
+    out[:, :, :, :, Hq:] = 0
+    for rh in range(sh):
+        a0 = max(0, -(-(ph - rh) // sh))
+        a1 = min(Hq, (H - 1 + ph - rh) // sh + 1)
+        for rw in range(sw):
+            b0 = max(0, -(-(pw - rw) // sw))
+            b1 = min(Wq, (W - 1 + pw - rw) // sw + 1)
+            dst = out[:, :, rh, rw, :Hq]
+            if a1 <= a0 or b1 <= b0:
+                dst[...] = 0
+                continue
+            dst[:, :, :a0] = 0
+            dst[:, :, a1:] = 0
+            dst[:, :, a0:a1, :b0] = 0
+            dst[:, :, a0:a1, b1:] = 0
+            y0, x0 = a0 * sh + rh - ph, b0 * sw + rw - pw
+            dst[:, :, a0:a1, b0:b1] = x[:, :, y0:y0 + (a1 - a0 - 1) * sh + 1:sh,
+                                        x0:x0 + (b1 - b0 - 1) * sw + 1:sw]
+
+
+def _host_conv2d(x, w, b, strides, pads, dilations, O):
+    """Y = conv(x, w) + b for 2-D, group 1, float x on the host (see the comment above)."""
+    N, C, H, W = x.shape
+    M, _, kh, kw = w.shape
+    (sh, sw), (dh, dw) = strides, dilations
+    Ho, Wo = O
+    dtype = x.dtype
+    item = dtype.itemsize
+    qi = [(i * dh) // sh for i in range(kh)]
+    ri = [(i * dh) % sh for i in range(kh)]
+    # kernel columns grouped by column phase: for phase r the taps js (ascending) have
+    # q = (j*dw)//sw in steps of dw/gcd(sw, dw)
+    groups = []
+    for r in range(sw):
+        js = [j for j in range(kw) if (j * dw) % sw == r]
+        if js:
+            groups.append((r, js, (js[0] * dw) // sw))
+    qstep = dw // math.gcd(sw, dw)
+    Hq = Ho + max(qi)
+    Wq = Wo + ((kw - 1) * dw) // sw
+    K = C * kh * kw
+    wide = _use_wide(kw, Wq, Wo, K, M)
+    Wc = Wq if wide else Wo
+    # the bias rides in the product (a row of ones in the columns) when copying the weights
+    # once costs less than a pass over the output
+    ones_row = b is not None and K < N * Ho * Wo
+    wm = w.reshape(M, K)
+    if ones_row:
+        wm = np.concatenate([wm, b.reshape(M, 1).astype(dtype, copy=False)], axis=1)
+    Kc = K + ones_row
+    # chunks: whole images while they fit the column budget, else row blocks of one image
+    per_image = Kc * Ho * Wc * item
+    if per_image <= _HOST_COLS_BYTES:
+        nb = max(1, min(N, _HOST_COLS_BYTES // per_image))
+        chunks = [(n0, min(N, n0 + nb), 0, Ho) for n0 in range(0, N, nb)]
+        rows = Ho
+    else:
+        nb = 1
+        rows = max(1, _HOST_COLS_BYTES // (Kc * Wc * item))
+        chunks = [(n0, n0 + 1, r0, min(Ho, r0 + rows)) for n0 in range(N) for r0 in range(0, Ho, rows)]
+    y = np.empty((N, M, Ho, Wo), dtype=dtype)
+    cols = np.empty((nb, Kc, rows * Wc), dtype=dtype)
+    if ones_row:
+        cols[:, K] = 1
+    z = np.empty((nb, C, sh, sw, Hq + 1, Wq), dtype=dtype)
+    zs = z.strides
+    bias = None if b is None else b.reshape(M, 1, 1).astype(dtype, copy=False)
+    done_images = None
+    for n0, n1, r0, r1 in chunks:
+        n = n1 - n0
+        if done_images != (n0, n1):
+            zc = z[:n]
+            _phase_split(x[n0:n1], sh, sw, pads[0], pads[1], Hq, Wq, zc)
+            done_images = (n0, n1)
+        nr = r1 - r0
+        L = nr * Wc
+        cc = cols[:n, :, :L]
+        # rows in W's own order (channel, kernel row, kernel column): no weight reordering
+        c5 = cc[:, :K].reshape(n, C, kh, kw, L)
+        for i in range(kh):
+            for r, js, q0 in groups:
+                src = zc[0, 0, ri[i], r, r0 + qi[i]:].reshape(-1)[q0:]
+                view = np.lib.stride_tricks.as_strided(
+                    src, (n, C, len(js), nr, Wc), (zs[0], zs[1], qstep * item, zs[4], item))
+                step = js[1] - js[0] if len(js) > 1 else 1
+                dst = c5[:, :, i, js[0]:js[-1] + 1:step]
+                dst.reshape(n, C, len(js), nr, Wc)[...] = view
+        if wide:
+            y[n0:n1, :, r0:r1] = np.matmul(wm, cc).reshape(n, M, nr, Wq)[..., :Wo]
+        else:
+            dst = y[n0:n1].reshape(n, M, Ho * Wo)[:, :, r0 * Wo:r1 * Wo]
+            np.matmul(wm, cc, out=dst)
+    if bias is not None and not ones_row:
+        y += bias
+    return y
+
+
+def _depthwise(xp, x, w, b, strides, pads, dilations, O):
     """group == C: each output channel c*m + j reads input channel c only.
 
     A loop over kernel taps; each tap is one multiply and one add over a channel block
     that fits in cache.  When the last axis has stride 1 (and there are >= 2 spatial
     axes) the taps read whole padded rows ("wide" rows of the padded width, cropped at
-    the end), so every slice is one long contiguous run instead of short rows."""
+    the end), so every slice is one long contiguous run instead of short rows.  The bias is
+    added to each block while it is in cache; on the host the blocks are spread over the
+    host threads (NumPy releases the GIL in its ufuncs)."""
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -182,10 +312,20 @@ def _depthwise(xp, x, w, strides, pads, dilations, O):
                 else:
                     xp.multiply(sl, wt, out=tmp)
                     xp.add(acc, tmp, out=acc)
-            y[:, c0:c1, j] = acc[..., :O[-1]] if wide else acc
+            dst = y[:, c0:c1, j]
+            dst[...] = acc[..., :O[-1]] if wide else acc
+            if bias is not None:
+                dst += bias[c0:c1, j].reshape((1, c1 - c0) + (1,) * n_sp)
 
-    for c0 in range(0, C, cb):
-        run_block(c0)
+    bias = None if b is None else b.reshape(C, m).astype(x.dtype, copy=False)
+    starts = list(range(0, C, cb))
+    if xp is np:
+        per_block = max(1, N * cb * m * sp.prod(O))
+        parallel_ranges(len(starts), max(1, -(-_DEPTHWISE_THREAD_ITEMS // per_block)),
+                        lambda first, last: [run_block(c0) for c0 in starts[first:last]])
+    else:
+        for c0 in starts:
+            run_block(c0)
     return y.reshape((N, M) + tuple(O))
 
 

@@ -30,11 +30,13 @@ import numpy as np
 
 from ...dtypes import DataType
 from ...tensor import Tensor
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 from . import _spatial as sp
 
 _POOL_BLOCK_BYTES = 512 * 1024
 _DENSE_BLOCK_BYTES = 256 * 1024  # host max pooling: a block and its two scratch copies stay in L2
+_DENSE_THREAD_BYTES = 1 << 20  # host max pooling: input bytes per thread before splitting over threads
 
 
 # ------------------------------------------------------------------ geometry
@@ -198,20 +200,26 @@ def _max_pool_dense(xp, x2, geo, fill):
     plans = [_dense_plan(S[d], offsets[d]) for d in range(n_sp)]
     subs = [(slice(None),) * (d + 1) + (slice(0, (O[d] - 1) * geo.strides[d] + 1, geo.strides[d]),)
             for d in range(n_sp)]
-    # two scratch buffers reused by every block (fresh large buffers cost page faults)
-    dense_buf = xp.empty(step * sp.prod(S), dtype=x2.dtype)
-    cur_buf = xp.empty(step * sp.prod(S), dtype=x2.dtype) if n_sp > 1 else None
-    for a in range(0, NC, step):
-        cur = x2[a:a + step]
-        if not cur.flags.c_contiguous:
-            cur = xp.ascontiguousarray(cur)
-        for d in range(n_sp):
-            sub = _dense_max_axis(xp, cur, d + 1, offsets[d], plans[d], fill, dense_buf)[subs[d]]
-            if d == n_sp - 1:
-                out[a:a + step] = sub
-            else:
-                cur = cur_buf[:sub.size].reshape(sub.shape)
-                cur[...] = sub
+    def run(lo, hi):
+        # scratch buffers per thread, reused by each of its blocks (fresh large buffers
+        # cost page faults)
+        dense_buf = xp.empty(step * sp.prod(S), dtype=x2.dtype)
+        cur_buf = xp.empty(step * sp.prod(S), dtype=x2.dtype) if n_sp > 1 else None
+        for a in range(lo, hi, step):
+            b = min(hi, a + step)
+            cur = x2[a:b]
+            if not cur.flags.c_contiguous:
+                cur = xp.ascontiguousarray(cur)
+            for d in range(n_sp):
+                sub = _dense_max_axis(xp, cur, d + 1, offsets[d], plans[d], fill, dense_buf)[subs[d]]
+                if d == n_sp - 1:
+                    out[a:b] = sub
+                else:
+                    cur = cur_buf[:sub.size].reshape(sub.shape)
+                    cur[...] = sub
+
+    # independent channel blocks over the host threads
+    parallel_ranges(NC, max(step, -(-_DENSE_THREAD_BYTES // per)), run)
     return out
 
 

@@ -1,0 +1,426 @@
+"""Compiled Loop/Scan bodies.
+
+A Loop or Scan body runs thousands of times with inputs of the same types and shapes.
+After one iteration has run the general way (every check made, the body's outputs
+checked by the calling kernel), BodyProgram compiles the body for that input
+signature: values live in a list indexed by slot; each node becomes
+  * an array function chosen by its kernel (KernelBase.array_function) called on
+    arrays, when the kernel offers one for these input types and shapes;
+  * nothing at all for an Identity of a tensor (its output is its input's slot);
+  * otherwise a pre-bound kernel call (Tensors wrapped from the slots, the result's
+    type and shape checked against the recorded iteration's).
+Shapes and types of array-function results follow from those of their inputs, so once
+the inputs match the signature every slot does.  Anything unexpected -- an exception
+in an array function, a kernel result of another type or shape -- finishes the
+iteration through the general path from that node on (redoing the failed node there,
+so errors and warnings are exactly the kernel's).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import UnsupportedOperatorError
+from ..kernels.base import lookup
+from ..tensor import Tensor
+from .graph import _MISSING, PreparedGraph, PreparedNode, Scope, _as_outputs, _graphs_of, subgraph_free_names
+
+try:  # NumPy 2 keeps the floating-point error state in a context variable
+    from numpy._core.umath import _extobj_contextvar as _FP_STATE
+except ImportError:  # pragma: no cover - other NumPy versions: use np.errstate objects
+    _FP_STATE = None
+
+# intermediates at least this big are dropped right after their last use; smaller ones
+# are dropped with the iteration's slot list
+_FREE_BYTES = 1 << 15
+
+
+class FloatingPointGuard:
+    """Switches NumPy between the caller's floating-point error state and a strict one
+    (every category the caller does not ignore raises), so array functions can run
+    without per-call np.errstate and any floating-point event sends the node back to
+    its kernel.  (CuPy reports no floating-point events; switching costs little there.)"""
+
+    def __init__(self, active: bool = True):
+        self.active = active
+        if not active:
+            return
+        self.caller = np.geterr()
+        self.strict = {k: ("ignore" if v == "ignore" else "raise") for k, v in self.caller.items()}
+        if _FP_STATE is not None:
+            self.caller_state = _FP_STATE.get()
+            with np.errstate(**self.strict):
+                self.strict_state = _FP_STATE.get()
+
+    def enter_strict(self):
+        return self._enter(getattr(self, "strict_state", None), getattr(self, "strict", None))
+
+    def enter_caller(self):
+        return self._enter(getattr(self, "caller_state", None), getattr(self, "caller", None))
+
+    def _enter(self, state, settings):
+        """Switch to a saved error state; the token is for leave()."""
+        if not self.active:
+            return None
+        if _FP_STATE is not None:
+            return _FP_STATE.set(state)
+        errstate = np.errstate(**settings)  # pragma: no cover
+        errstate.__enter__()
+        return errstate
+
+    def leave(self, token) -> None:
+        if token is None:
+            return
+        if _FP_STATE is not None:
+            _FP_STATE.reset(token)
+        else:  # pragma: no cover
+            token.__exit__(None, None, None)
+
+
+def signature(value):
+    """(element type, shape, array class) of a present Tensor, else None."""
+    if value.__class__ is Tensor and value.array is not None:
+        return value.data_type, value.array.shape, value.array.__class__
+    return None
+
+
+class _Diverged(Exception):
+    """A pre-bound kernel call returned something other than the recorded type/shape."""
+
+    def __init__(self, next_node: int, values: dict):
+        self.next_node = next_node
+        self.values = values
+
+
+class _NotCompilable(Exception):
+    pass
+
+
+def record_run(plan: PreparedGraph, inputs: list, parent: Scope | None):
+    """Run plan the general way, recording each node's inputs and outputs:
+    (outputs, {id(prepared node): (inputs, outputs)})."""
+    records = {}
+
+    def observe(p, args, outs, seconds):
+        records[id(p)] = (list(args), list(outs))
+
+    return plan.run(inputs, parent=parent, observer=observe), records
+
+
+class BodyProgram:
+    """A prepared body compiled for one input signature (see the comment above).
+
+    ``run(arrays)`` takes the body's inputs as arrays matching ``in_sig`` and returns
+    ``(True, output arrays)`` (matching ``out_sig``) or ``(False, output values)`` when
+    the iteration left the fast path (values as the general path returns them, still to
+    be checked by the caller).  Call it between ``guard.enter_strict()`` and
+    ``guard.leave(token)``."""
+
+    def __init__(self, plan: PreparedGraph, parent: Scope | None):
+        self.plan = plan
+        self.parent = parent
+        self.guard = FloatingPointGuard()
+        self.slot_of: dict = {}
+        self.slot_dt: list = []   # element type of an array slot, None for a value slot
+        self.init: list = []      # slot values at the start of an iteration
+        self.slot_sig: dict = {}  # array slot -> recorded signature
+        self.ops: list = []       # (code, fn, a, b, o), see run()
+        self.op_nodes: list = []  # index of the node each op belongs to
+        self.in_sig: list = []
+        self.out_sig: list = []
+        self.producer: dict = {}  # node-result slot -> index of the op computing it
+
+    # ----------------------------------------------------------------- compiling
+    @classmethod
+    def compile(cls, plan: PreparedGraph, parent: Scope | None, inputs, outputs, records):
+        """The program for the signature of a recorded iteration (inputs, outputs,
+        records from record_run), or None when the body cannot be compiled (inputs or
+        outputs that are not tensors, a function body)."""
+        if plan.graph is None or len(inputs) != len(plan.input_names):
+            return None
+        prog = cls(plan, parent)
+        try:
+            prog._compile(inputs, outputs, records)
+        except _NotCompilable:
+            return None
+        return prog
+
+    def _new_slot(self, value, sig) -> int:
+        self.slot_dt.append(sig[0] if sig is not None else None)
+        self.init.append(value)
+        s = len(self.init) - 1
+        if sig is not None:
+            self.slot_sig[s] = sig
+        return s
+
+    def _resolve(self, name: str) -> int:
+        """The slot of a name read by a node: local, a constant or an outer value."""
+        s = self.slot_of.get(name)
+        if s is not None:
+            return s
+        value = self.plan.constants.get(name, _MISSING)
+        if value is _MISSING:
+            try:
+                value = self.parent.lookup(name) if self.parent is not None else _MISSING
+            except KeyError:
+                value = _MISSING
+            if value is _MISSING:
+                raise _NotCompilable(name)
+        sig = signature(value)
+        s = self._new_slot(value.array if sig is not None else value, sig)
+        self.slot_of[name] = s
+        return s
+
+    def _compile(self, inputs, outputs, records) -> None:
+        plan = self.plan
+        for name, value in zip(plan.input_names, inputs):
+            sig = signature(value)
+            if sig is None:
+                raise _NotCompilable(name)
+            self.slot_of[name] = self._new_slot(None, sig)
+            self.in_sig.append(sig)
+        self.n_in = len(inputs)
+        produced = []  # slots holding node results
+        reads = []     # slots each op reads
+        identity = _registered_identity()
+        for j, p in enumerate(plan.nodes):
+            rec = records.get(id(p))
+            if rec is None:
+                raise _NotCompilable(p.name)
+            args, outs = rec
+            in_slots = [self._resolve(n) if n else None for n in p.inputs]
+            arrays_in = all(s is not None and self.slot_dt[s] is not None for s in in_slots)
+            if (p.kernel is not None and p.kernel.__class__ is identity and len(in_slots) == 1
+                    and arrays_in and len(p.outputs) == 1 and p.outputs[0]):
+                self.slot_of[p.outputs[0]] = in_slots[0]  # Identity of a tensor: the same value
+                continue
+            fn = self._array_function(p, args, outs) if arrays_in else None
+            if fn is not None:
+                sig = signature(outs[0])
+                o = self._new_slot(None, sig)
+                self.slot_of[p.outputs[0]] = o
+                produced.append(o)
+                self.producer[o] = len(self.ops)
+                n = len(in_slots)
+                if n == 1:
+                    op = (1, fn, in_slots[0], None, o)
+                elif n == 2:
+                    op = (2, fn, in_slots[0], in_slots[1], o)
+                else:
+                    op = (3, fn, tuple(in_slots), None, o)
+                reads.append(set(in_slots))
+            else:
+                op, op_reads = self._bound_call(j, p, in_slots, outs, produced)
+                reads.append(op_reads)
+            self.ops.append(op)
+            self.op_nodes.append(j)
+        out_slots = []
+        for name, value in zip(plan.output_names, outputs):
+            s = self._resolve(name)
+            sig = signature(value)
+            if sig is None or self.slot_sig.get(s) != sig:
+                raise _NotCompilable(name)
+            out_slots.append(s)
+            self.out_sig.append(sig)
+        self.out_slots = out_slots
+        self.outputs_of = _getter(out_slots)
+        self._plan_frees(produced, reads, set(out_slots))
+        self.tail = self.init[self.n_in:]
+
+    def _array_function(self, p: PreparedNode, args, outs):
+        """The kernel's array function for this node, checked once on the recorded
+        inputs (its result must have the recorded output's type and shape)."""
+        if (p.kernel is None or p.needs_scope or p.requested is not None or len(p.outputs) != 1
+                or not p.outputs[0] or len(outs) != 1 or signature(outs[0]) is None):
+            return None
+        fn = p.kernel.array_function(list(args), dict(p.attrs))
+        if fn is None:
+            return None
+        want = outs[0].array
+        try:
+            with np.errstate(all="ignore"):
+                got = fn(*[a.array for a in args])
+        except Exception:
+            return None
+        if got.__class__ is not want.__class__ or got.dtype != want.dtype or got.shape != want.shape:
+            return None
+        return fn
+
+    def _bound_call(self, j: int, p: PreparedNode, in_slots, outs, produced):
+        """(op, slots read) for a node run through its kernel on Tensors."""
+        ins = tuple((s, self.slot_dt[s] if s is not None else None) for s in in_slots)
+        out_specs = []
+        for name, value in zip(p.outputs, outs):
+            if not name:
+                out_specs.append((None, None, name))
+                continue
+            sig = signature(value)
+            s = self._new_slot(None, sig)
+            self.slot_of[name] = s
+            produced.append(s)
+            self.producer[s] = len(self.ops)
+            out_specs.append((s, sig, name))
+        read = {s for s in in_slots if s is not None}
+        scope_names = None
+        if p.needs_scope:
+            scope_names = []
+            for name in self._scope_reads(p):
+                s = self.slot_of.get(name)
+                if s is not None:
+                    scope_names.append((name, s, self.slot_dt[s]))
+                    read.add(s)
+        plan, parent, guard = self.plan, self.parent, self.guard
+        execute, wrap = plan._execute, Tensor.wrap
+        n_outputs = p.n_outputs
+
+        def call(v):
+            args = [None if s is None else (v[s] if dt is None else wrap(v[s], dt)) for s, dt in ins]
+            scope = None
+            if scope_names is not None:
+                scope = Scope({name: (v[s] if dt is None else wrap(v[s], dt))
+                               for name, s, dt in scope_names if v[s] is not _MISSING}, parent, plan)
+            token = guard.enter_caller()
+            try:
+                result = execute(p, args, scope, None)
+            finally:
+                guard.leave(token)
+            results = [result] if result.__class__ is Tensor else _as_outputs(result)
+            if len(results) < n_outputs:
+                plan._store(p, args, result, {})  # raises the usual error
+            diverged = False
+            for (s, sig, name), value in zip(out_specs, results):
+                if s is None:
+                    continue
+                if sig is None:
+                    v[s] = value
+                elif (value.__class__ is Tensor and value.data_type == sig[0]
+                      and value.array.__class__ is sig[2] and value.array.shape == sig[1]):
+                    v[s] = value.array
+                else:
+                    diverged = True
+            if diverged:
+                raise _Diverged(j + 1, {name: value for (s, sig, name), value in zip(out_specs, results)
+                                        if name})
+
+        return (0, call, None, None, None), read
+
+    def _scope_reads(self, p: PreparedNode) -> set:
+        names = set()
+        for attr in p.node.attribute:
+            for g in _graphs_of(attr):
+                names |= subgraph_free_names(g)
+        reads = getattr(type(p.kernel), "scope_reads", None)
+        if reads is not None and self.plan.graph is not None:
+            names.update(reads(p.node, self.plan.graph))
+        return names
+
+    def _plan_frees(self, produced, reads, keep) -> None:
+        """Insert ops dropping big (or non-array) intermediates after their last use."""
+        last = {}
+        for k, slots in enumerate(reads):
+            for s in slots:
+                last[s] = k
+        frees = {}
+        for s in produced:
+            if s in keep:
+                continue
+            sig = self.slot_sig.get(s)
+            if sig is not None and _nbytes(sig) < _FREE_BYTES:
+                continue  # small: dropped with the slot list at the end of the iteration
+            k = last.get(s, self.producer[s])  # never read: dropped at once
+            frees.setdefault(k, []).append(s)
+        if not frees:
+            return
+        ops, nodes = [], []
+        for k, (op, j) in enumerate(zip(self.ops, self.op_nodes)):
+            ops.append(op)
+            nodes.append(j)
+            if k in frees:
+                ops.append((4, None, tuple(frees[k]), None, None))
+                nodes.append(j)
+        self.ops, self.op_nodes = ops, nodes
+
+    # ------------------------------------------------------------------- running
+    def accepts(self, values) -> bool:
+        """Whether body input values (Tensors) match the compiled signature."""
+        return len(values) == len(self.in_sig) and all(
+            signature(v) == s for v, s in zip(values, self.in_sig))
+
+    def run(self, inputs: list):
+        """One iteration on input arrays; see the class docstring.
+
+        Op codes: 1 and 2: v[o] = fn(v[a]) / fn(v[a], v[b]); 3: v[o] = fn(*v[a...]);
+        0: fn(v), a pre-bound kernel call; 4: drop the slots in a."""
+        v = inputs + self.tail
+        k = 0
+        try:
+            for k, (code, fn, a, b, o) in enumerate(self.ops):
+                if code == 1:
+                    v[o] = fn(v[a])
+                elif code == 2:
+                    v[o] = fn(v[a], v[b])
+                elif code == 0:
+                    fn(v)
+                elif code == 3:
+                    v[o] = fn(*[v[i] for i in a])
+                else:
+                    for i in a:
+                        v[i] = _MISSING
+        except _Diverged as exc:
+            return False, self._finish(v, exc.next_node, exc.values)
+        except Exception:
+            if self.ops[k][0] == 0:
+                raise  # the kernel's own error, raised as the general path raises it
+            return False, self._finish(v, self.op_nodes[k], None)
+        return True, self.outputs_of(v)
+
+    def _finish(self, v: list, start: int, extra: dict | None) -> list:
+        """Complete an iteration through the general path from node start on."""
+        plan = self.plan
+        values = dict(plan.constants)
+        names = list(plan.input_names)
+        for p in plan.nodes[:start]:
+            names.extend(n for n in p.outputs if n)
+        wrap = Tensor.wrap
+        for name in names:
+            s = self.slot_of.get(name)
+            if s is None or v[s] is _MISSING:
+                continue
+            dt = self.slot_dt[s]
+            values[name] = v[s] if dt is None else wrap(v[s], dt)
+        if extra:
+            values.update(extra)
+        scope = Scope(values, self.parent, plan)
+        token = self.guard.enter_caller()
+        try:
+            plan._run_steps(scope, start, None)
+        finally:
+            self.guard.leave(token)
+        return plan._outputs(scope)
+
+
+def _getter(slots):
+    """v -> tuple of v[s] for s in slots."""
+    if len(slots) == 1:
+        s = slots[0]
+        return lambda v: (v[s],)
+    if not slots:
+        return lambda v: ()
+    return operator.itemgetter(*slots)
+
+
+def _nbytes(sig) -> int:
+    size = 1
+    for d in sig[1]:
+        size *= d
+    return size * dtypes.info(sig[0]).numpy.itemsize if sig[0] != dtypes.DataType.STRING else 1 << 30
+
+
+def _registered_identity():
+    try:
+        return lookup("Identity", "")[0]
+    except UnsupportedOperatorError:  # pragma: no cover
+        return None

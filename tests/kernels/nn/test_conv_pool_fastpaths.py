@@ -1,0 +1,148 @@
+"""Host fast paths of Conv (phase-split / wide-row im2col, threaded depthwise) and
+MaxPool (threaded dense separable passes), against float64 references on random inputs,
+including the boundaries of each special case (strides, dilations, asymmetric pads, row
+and image chunking, wide vs exact rows, non-contiguous inputs, thread splitting)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpukernels.kernels.base import KernelContext
+from gpukernels.kernels.nn import conv as conv_mod
+from gpukernels.kernels.nn import pool as pool_mod
+from gpukernels.kernels.nn.conv import Conv
+from gpukernels.kernels.nn.pool import MaxPool
+
+
+def ref_conv(x, w, b, strides, pads, dilations, group=1):
+    """float64 2-D convolution, one einsum per kernel tap and group."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    N, C, H, W = x.shape
+    M, Cg, kh, kw = w.shape
+    (sh, sw), (dh, dw) = strides, dilations
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    Ho = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
+    Wo = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
+    y = np.zeros((N, M, Ho, Wo))
+    Mg = M // group
+    for g in range(group):
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, g * Cg:(g + 1) * Cg, i * dh:i * dh + sh * (Ho - 1) + 1:sh,
+                           j * dw:j * dw + sw * (Wo - 1) + 1:sw]
+                y[:, g * Mg:(g + 1) * Mg] += np.einsum("nchw,mc->nmhw", patch, w[g * Mg:(g + 1) * Mg, :, i, j])
+    if b is not None:
+        y += np.asarray(b, np.float64).reshape(1, M, 1, 1)
+    return y
+
+
+def ref_maxpool(x, k, s, p, d):
+    x = np.asarray(x, np.float64)
+    N, C, H, W = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])), constant_values=-np.inf)
+    Ho = (xp.shape[2] - (k[0] - 1) * d[0] - 1) // s[0] + 1
+    Wo = (xp.shape[3] - (k[1] - 1) * d[1] - 1) // s[1] + 1
+    y = np.full((N, C, Ho, Wo), -np.inf)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            y = np.maximum(y, xp[:, :, i * d[0]:i * d[0] + s[0] * (Ho - 1) + 1:s[0],
+                                 j * d[1]:j * d[1] + s[1] * (Wo - 1) + 1:s[1]])
+    return y
+
+
+CONV_CASES = [
+    # (x shape, w shape, strides, pads, dilations)
+    ((1, 8, 11, 13), (16, 8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((2, 3, 23, 21), (8, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
+    ((2, 4, 17, 19), (5, 4, 4, 2), (3, 2), (0, 1, 2, 0), (1, 1)),
+    ((1, 5, 16, 15), (6, 5, 3, 3), (1, 1), (2, 0, 1, 3), (2, 3)),
+    ((3, 6, 12, 14), (4, 6, 3, 2), (2, 1), (1, 1, 0, 0), (2, 1)),
+    ((1, 2, 9, 10), (3, 2, 1, 3), (1, 2), (0, 1, 0, 1), (1, 2)),
+    ((2, 3, 8, 7), (4, 3, 5, 1), (1, 1), (2, 0, 2, 0), (1, 1)),
+    ((1, 4, 6, 6), (2, 4, 6, 6), (1, 1), (0, 0, 0, 0), (1, 1)),  # one output pixel
+    ((1, 3, 5, 5), (2, 3, 3, 3), (4, 4), (3, 3, 3, 3), (1, 1)),  # windows mostly in the padding
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("wide", [None, True, False])
+@pytest.mark.parametrize("budget", [None, 1])
+def test_host_conv2d_matches_reference(case, wide, budget, rng, monkeypatch):
+    xs, ws, strides, pads, dil = case
+    if wide is not None:
+        monkeypatch.setattr(conv_mod, "_use_wide", lambda *a: wide)
+    if budget is not None:  # one row per chunk: exercises the row chunking
+        monkeypatch.setattr(conv_mod, "_HOST_COLS_BYTES", budget)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    k = Conv(KernelContext("cpu"))
+    for bias in (b, None):
+        y = k(x, w, bias, strides=list(strides), pads=list(pads), dilations=list(dil)).numpy()
+        want = ref_conv(x, w, bias, strides, pads, dil)
+        assert y.shape == want.shape and y.dtype == np.float32
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_host_conv2d_image_chunks_double_and_noncontiguous(rng, monkeypatch):
+    # a budget of ~2 images per chunk with 5 images: full and partial image chunks
+    x = rng.standard_normal((5, 4, 9, 12)).transpose(0, 1, 3, 2)  # non-contiguous (5, 4, 12, 9)
+    w = rng.standard_normal((6, 4, 3, 3))
+    b = rng.standard_normal(6)
+    per_image = (4 * 9 + 1) * 12 * 11 * 8
+    monkeypatch.setattr(conv_mod, "_HOST_COLS_BYTES", 2 * per_image + 5)
+    for wide in (True, False):
+        monkeypatch.setattr(conv_mod, "_use_wide", lambda *a, wide=wide: wide)
+        y = conv_mod.conv_forward(np, x, w, b, [1, 1], [1, 0, 0, 1], [1, 1], 1)
+        assert y.dtype == np.float64
+        np.testing.assert_allclose(y, ref_conv(x, w, b, (1, 1), (1, 0, 0, 1), (1, 1)), rtol=1e-10, atol=1e-10)
+
+
+def test_host_conv2d_zero_padding_not_stale(rng):
+    # the phase buffer is reused across chunks: the zero border must be rewritten each time
+    x = rng.standard_normal((4, 2, 7, 7)).astype(np.float32) + 10
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    y = conv_mod.conv_forward(np, x, w, None, [2, 2], [1, 1, 1, 1], [1, 1], 1)
+    np.testing.assert_allclose(y, ref_conv(x, w, None, (2, 2), (1, 1, 1, 1), (1, 1)), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("case", [
+    ((1, 12, 15, 14), 1, (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((2, 6, 13, 11), 2, (2, 1), (0, 2, 1, 0), (1, 2)),
+    ((1, 5, 9, 9), 1, (2, 2), (1, 1, 1, 1), (1, 1)),
+])
+def test_depthwise_threads_and_bias(case, threads, rng, monkeypatch):
+    xs, mult, strides, pads, dil = case
+    monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
+    monkeypatch.setattr(conv_mod, "_DEPTHWISE_THREAD_ITEMS", 1)
+    monkeypatch.setattr(conv_mod, "_CACHE_BLOCK_BYTES", 1)  # one channel per block
+    C = xs[1]
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((C * mult, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(C * mult).astype(np.float32)
+    k = Conv(KernelContext("cpu"))
+    for bias in (b, None):
+        y = k(x, w, bias, group=C, strides=list(strides), pads=list(pads), dilations=list(dil)).numpy()
+        np.testing.assert_allclose(y, ref_conv(x, w, bias, strides, pads, dil, group=C), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("case", [
+    ((1, 7, 20, 18), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((2, 3, 11, 13), (2, 3), (1, 2), (0, 1, 1, 2), (1, 1)),
+    ((1, 5, 15, 16), (3, 2), (2, 3), (2, 0, 1, 1), (2, 1)),
+])
+def test_maxpool_threads(case, threads, rng, monkeypatch):
+    xs, k, s, p, d = case
+    monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
+    monkeypatch.setattr(pool_mod, "_DENSE_THREAD_BYTES", 1)
+    monkeypatch.setattr(pool_mod, "_DENSE_BLOCK_BYTES", 1)  # one image-channel per block
+    x = rng.standard_normal(xs).astype(np.float32)
+    x[0, 0, 0, 0] = np.nan
+    y = MaxPool(KernelContext("cpu"))(x, kernel_shape=list(k), strides=list(s), pads=list(p),
+                                      dilations=list(d)).Y.numpy()
+    want = ref_maxpool(x, k, s, p, d)
+    np.testing.assert_array_equal(y, want.astype(np.float32))
