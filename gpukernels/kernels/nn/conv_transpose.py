@@ -3,7 +3,9 @@
 cols = W_g^T @ X_g (one batched matmul per group), then every kernel tap's slice of cols
 is added into the output at that tap's strided positions (a loop over taps, vectorised
 over pixels).  cols is built per chunk of at most 256 MiB (over the batch, and over input
-rows when one image alone is larger).
+rows when one image alone is larger).  On the host, 1-D/2-D float inputs take the phase
+(sub-pixel) path below instead when its cost model says so: one GEMM for every output
+phase, no scatter-adds.
 
 Output size and pads follow the ONNX text:
 * explicit pads: out = stride*(in-1) + output_padding + (k-1)*dilation + 1 - pads_begin - pads_end;
@@ -16,6 +18,11 @@ Output size and pads follow the ONNX text:
 """
 
 from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
 
 from ..base import KernelBase, register
 from . import _spatial as sp
@@ -40,6 +47,8 @@ def scatter_taps(xp, out, cols, K, strides, dilations, counts, origin):
 
 def conv_transpose_forward(xp, x, w, b, group, strides, dilations, pads, out_shape):
     """x (N, C, *S), w (C, M/group, *K) compute arrays -> (N, M, *out_shape)."""
+    if xp is np and _phase_applies(x, w, group, strides, dilations, pads, out_shape):
+        return _host_phase_forward(x, w, b, group, strides, dilations, pads, out_shape)
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     Mg = w.shape[1]
@@ -81,6 +90,190 @@ def conv_transpose_forward(xp, x, w, b, group, strides, dilations, pads, out_sha
         y = xp.ascontiguousarray(y)
     if b is not None:
         y += b.reshape((1, M) + (1,) * n_sp)
+    return y
+
+
+# ------------------------------------------------------------------ host phase path
+#
+# With stride s, full-output position o = s*i + k*d (input i, tap k) splits as o = s*q + r
+# with r = (k*d) % s and i = q - e, e = (k*d) // s.  So every output phase r is a stride-1
+# correlation of the input with the taps of that phase, and all phases read the same few
+# input shifts e.  One GEMM computes every phase at once:
+#     R[(ry, rx, m), (q)] = Wc[(ry, rx, m), (uy, ux, c)] @ cols[(uy, ux, c), (q)]
+# where cols holds the input at each shift (a strided copy of the zero-padded input) and
+# Wc holds each tap at its (phase, shift) slot (zeros elsewhere).  Each phase of R is then
+# copied (with the bias) into its strided view of Y: no scatter-adds.  Along x, cols uses
+# whole padded rows ("wide" rows of Wb = Qw + span columns) so one shift is one contiguous
+# window of the flattened plane; the span extra columns per row are computed and dropped.
+
+# host costs in GEMM multiply-adds (measured on the 2-core AVX-512 host, float32):
+_PHASE_SCATTER_COST = 60  # one strided col2im add of the old path (stride > 1)
+_PHASE_SCATTER_COST_S1 = 35  # ... with every stride 1 (contiguous adds)
+_PHASE_WEIGHT_COST = 150  # one element of the phase weight matrix (built on every call)
+
+
+def _phase_axis(k, s, d, pb, out):
+    """Phase geometry along one axis (see the comment above)."""
+    r = [(j * d) % s for j in range(k)]
+    e = [(j * d) // s for j in range(k)]
+    phases = sorted(set(r))
+    emin, emax = min(e), max(e)
+    step = 0
+    for v in e:
+        step = math.gcd(step, v - emin)
+    step = step or 1
+    q0 = pb // s
+    q1 = (pb + out - 1) // s + 1
+    per_phase = []
+    for ph in phases:
+        oy0 = (ph - pb) % s
+        count = len(range(oy0, out, s))
+        per_phase.append((oy0, count, (oy0 + pb) // s - q0))
+    return {
+        "phase_of_tap": [phases.index(v) for v in r],
+        "shift_of_tap": [(emax - v) // step for v in e],  # shift index u: row offset u*step
+        "phases": phases, "per_phase": per_phase, "n_shift": (emax - emin) // step + 1,
+        "step": step, "span": emax - emin, "lo": q0 - emax, "Q": q1 - q0, "emin": emin, "q1": q1,
+    }
+
+
+def _phase_applies(x, w, group, strides, dilations, pads, out_shape):
+    """Host 1-D/2-D float path, when it costs less than the scatter path: its GEMM (with the
+    zero slots of Wc, the padded rows and the wide columns) plus building Wc, against the
+    exact GEMM plus the col2im adds."""
+    n_sp = x.ndim - 2
+    if n_sp not in (1, 2) or x.dtype not in (np.float32, np.float64) or x.size == 0 or w.size == 0:
+        return False
+    if any(v <= 0 for v in out_shape):
+        return False
+    K = w.shape[2:]
+    slots = pixels = 1  # Wc slots per (input channel, output channel); GEMM columns
+    for i in range(n_sp):
+        ax = _phase_axis(K[i], strides[i], dilations[i], pads[i], out_shape[i])
+        slots *= len(ax["phases"]) * ax["n_shift"]
+        pixels *= ax["Q"] + (ax["span"] if i == n_sp - 1 else 0)
+    N, Cg = x.shape[0], x.shape[1] // group
+    phase = Cg * slots * (N * pixels + _PHASE_WEIGHT_COST)
+    add = _PHASE_SCATTER_COST if any(s > 1 for s in strides) else _PHASE_SCATTER_COST_S1
+    scatter = sp.prod(K) * N * sp.prod(x.shape[2:]) * (Cg + add)
+    return phase <= scatter
+
+
+def _phase_weights(w, group, ay, ax):
+    """Wc^T (G, Uy*Ux*Cg, Py*Px*Mg): each tap at its (shift, phase) slot, zeros elsewhere.
+
+    Stored K-major so that filling it is one transpose of W plus contiguous row copies."""
+    C, Mg, kh, kw = w.shape
+    Cg = C // group
+    Py, Px = len(ay["phases"]), len(ax["phases"])
+    Uy, Ux = ay["n_shift"], ax["n_shift"]
+    wt = np.ascontiguousarray(w.reshape(group, Cg, Mg, kh * kw).transpose(0, 3, 1, 2))
+    wc = np.zeros((group, Uy, Ux, Cg, Py, Px, Mg), dtype=w.dtype)
+    for ky in range(kh):
+        uy, py = ay["shift_of_tap"][ky], ay["phase_of_tap"][ky]
+        for kx in range(kw):
+            ux, px = ax["shift_of_tap"][kx], ax["phase_of_tap"][kx]
+            wc[:, uy, ux, :, py, px] = wt[:, ky * kw + kx]
+    return wc.reshape(group, Uy * Ux * Cg, Py * Px * Mg)
+
+
+_SCRATCH = threading.local()
+_SCRATCH_KEEP = 16 * 1024 * 1024
+
+
+def _scratch(shapes, dtype):
+    """Arrays of the given shapes carved from one per-thread host buffer that is kept
+    between calls (up to _SCRATCH_KEEP bytes): a fresh multi-MB temporary on every call
+    costs page faults (glibc maps and trims it) comparable to this operator's GEMM.  The
+    arrays are only valid until the next call in the same thread; never return them."""
+    item = np.dtype(dtype).itemsize
+    sizes = [-(-sp.prod(s) * item // 64) * 64 for s in shapes]
+    total = sum(sizes)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < total:
+        buf = np.empty(total, dtype=np.uint8)
+        if total <= _SCRATCH_KEEP:
+            _SCRATCH.buf = buf
+    out, off = [], 0
+    for shape, size in zip(shapes, sizes):
+        n = sp.prod(shape) * item
+        out.append(buf[off:off + n].view(dtype).reshape(shape))
+        off += size
+    return out
+
+
+def _phase_chunks(N, Q, bytes_per_row):
+    """[(n0, n1, qa, qb)]: whole images while they fit the host budget, else row blocks."""
+    budget = sp.chunk_target(np)
+    per_image = bytes_per_row * Q
+    if per_image <= budget:
+        nb = max(1, budget // per_image)
+        return [(n0, min(N, n0 + nb), 0, Q) for n0 in range(0, N, nb)]
+    rows = max(1, budget // bytes_per_row)
+    return [(n, n + 1, qa, min(Q, qa + rows)) for n in range(N) for qa in range(0, Q, rows)]
+
+
+def _host_phase_forward(x, w, b, group, strides, dilations, pads, out_shape):
+    """ConvTranspose for 1-D/2-D float inputs on the host by the phase decomposition."""
+    if x.ndim == 3:  # 1-D as 2-D with a unit leading axis
+        y = _host_phase_forward(x[:, :, None], w[:, :, None], b, group, [1] + list(strides),
+                                [1] + list(dilations), [0, pads[0], 0, pads[1]],
+                                [1] + list(out_shape))
+        return y[:, :, 0]
+    N, C, H, W = x.shape
+    Mg, kh, kw = w.shape[1:]
+    M, Cg = Mg * group, C // group
+    (sy, sx), (dy, dx) = strides, dilations
+    Ho, Wo = out_shape
+    ay = _phase_axis(kh, sy, dy, pads[0], Ho)
+    ax = _phase_axis(kw, sx, dx, pads[1], Wo)
+    Py, Px = len(ay["phases"]), len(ax["phases"])
+    Uy, Ux = ay["n_shift"], ax["n_shift"]
+    Qh, Qw = ay["Q"], ax["Q"]
+    Wb = Qw + ax["span"]
+    extra = 1 if ax["span"] else 0  # the last shifted window runs past the last row
+    block = sp.padded_block(np, x, [ay["lo"], ax["lo"]],
+                            [ay["q1"] - ay["emin"] + extra, ax["q1"] - ax["emin"]])
+    block = np.ascontiguousarray(block)
+    wc = _phase_weights(w, group, ay, ax)
+    dtype = x.dtype
+    item = dtype.itemsize
+    Kc = Uy * Ux * Cg
+    PM = Py * Px * Mg
+    y = np.empty((N, M, Ho, Wo), dtype=dtype)
+    if Py < sy or Px < sx:  # phases without taps hold only the bias
+        y[...] = 0 if b is None else b.reshape(1, M, 1, 1)
+    y5 = y.reshape(N, group, Mg, Ho, Wo)
+    b5 = None if b is None else b.reshape(1, group, Mg, 1, 1)
+    sN, sC = block.strides[:2]
+    for n0, n1, qa, qb in _phase_chunks(N, Qh, (Kc + PM) * group * Wb * item):
+        n, L = n1 - n0, (qb - qa) * Wb
+        base = block[n0:n1, :, qa:]
+        view = sp.as_strided(np, base, (group, Uy, Ux, Cg, n, L),
+                             (Cg * sC, ay["step"] * Wb * item, ax["step"] * item, sC, sN, item))
+        cols, r = _scratch([(group, Uy, Ux, Cg, n, L), (group, PM, n * L)], dtype)
+        np.copyto(cols, view)
+        cols = cols.reshape(group, Kc, n * L)
+        if group == 1:
+            np.matmul(wc[0].T, cols[0], out=r[0])
+        else:
+            np.matmul(wc.transpose(0, 2, 1), cols, out=r)
+        r = r.reshape(group, Py, Px, Mg, n, qb - qa, Wb)
+        for a, (oy0, cy, qy) in enumerate(ay["per_phase"]):
+            j0, j1 = max(0, qa - qy), min(cy, qb - qy)
+            if j1 <= j0:
+                continue
+            rows = slice(qy + j0 - qa, qy + j1 - qa)
+            orows = slice(oy0 + sy * j0, oy0 + sy * (j1 - 1) + 1, sy)
+            for c, (ox0, cx, qx) in enumerate(ax["per_phase"]):
+                if cx == 0:
+                    continue
+                src = r[:, a, c, :, :, rows, qx:qx + cx].transpose(2, 0, 1, 3, 4)
+                dst = y5[n0:n1, :, :, orows, ox0:ox0 + sx * (cx - 1) + 1:sx]
+                if b5 is None:
+                    dst[...] = src
+                else:
+                    np.add(src, b5, out=dst)
     return y
 
 
