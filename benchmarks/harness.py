@@ -116,23 +116,30 @@ def runner(kind: str, model: onnx.ModelProto, device: str = "cpu"):
     raise ValueError(kind)
 
 
-def _time_interleaved(fns: dict, repeat: int, min_time: float) -> dict:
-    """Median time of each callable, timed in alternating rounds (one call of each per
-    round) so that load from other processes hits every runtime alike and the ratios
-    stay meaningful on a shared machine."""
+def _time_alternating(fns: dict, repeat: int, min_time: float, blocks: int = 3,
+                      settle: float = 0.15) -> dict:
+    """Median time of each callable, timed in alternating blocks (A's calls, B's calls,
+    A's again, ...) so that load from other processes hits every runtime alike and the
+    ratios stay meaningful on a shared machine.  Both onnxruntime's and OpenBLAS's
+    worker threads keep spinning for tens of milliseconds after a call returns, which
+    would steal a core from whichever runtime runs next; so blocks are separated by a
+    pause of `settle` seconds and not single calls."""
+    times = {kind: [] for kind in fns}
     for fn in fns.values():
         fn()  # warm-up (compilation, caches)
-    times = {kind: [] for kind in fns}
-    start = time.perf_counter()
-    rounds = 0
-    while rounds < repeat or time.perf_counter() - start < min_time * len(fns):
+    per_block = max(1, -(-repeat // blocks))
+    for _ in range(blocks):
         for kind, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[kind].append(time.perf_counter() - t0)
-        rounds += 1
-        if rounds >= 1000:
-            break
+            time.sleep(settle)
+            start = time.perf_counter()
+            n = 0
+            while n < per_block or time.perf_counter() - start < min_time / blocks:
+                t0 = time.perf_counter()
+                fn()
+                times[kind].append(time.perf_counter() - t0)
+                n += 1
+                if n >= 400:
+                    break
     return {kind: statistics.median(ts) for kind, ts in times.items()}
 
 
@@ -140,7 +147,7 @@ def run_cases(title: str, cases: list[Case], repeat: int = 5, min_time: float = 
               device: str = "cpu", reference_limit: float = 30.0,
               with_reference: bool = True) -> list[dict]:
     """Time every case on the three runtimes and print a table; returns the rows.
-    gpukernels and onnxruntime are timed interleaved; onnx.reference, often orders of
+    gpukernels and onnxruntime are timed in alternating blocks; onnx.reference, often orders of
     magnitude slower, is timed on its own (once when a single run is already long)."""
     rows = []
     kinds = ("gpukernels", "onnxruntime", "reference") if with_reference else ("gpukernels", "onnxruntime")
@@ -166,7 +173,7 @@ def run_cases(title: str, cases: list[Case], repeat: int = 5, min_time: float = 
             except Exception as exc:  # a runtime that cannot run a case is reported, not fatal
                 row.setdefault("errors", []).append(f"{kind}: {type(exc).__name__}: {str(exc)[:120]}")
         if fns:
-            row.update(_time_interleaved(fns, repeat, min_time))
+            row.update(_time_alternating(fns, repeat, min_time))
         if case.flops and row.get("gpukernels"):
             row["gflops"] = case.flops / row["gpukernels"] / 1e9
         rows.append(row)

@@ -8,7 +8,10 @@ unavailable with the reason instead of failing.
 from __future__ import annotations
 
 import functools
+import itertools
+import os
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -333,3 +336,88 @@ def copy_array(array):
     parallel_ranges(src.size, (1 << 20) // max(1, array.itemsize),
                     lambda lo, hi: np.copyto(dst[lo:hi], src[lo:hi]))
     return out
+
+
+# ------------------------------------------------- reusable host output buffers and blocks
+
+
+def _pool_limit() -> int:
+    try:
+        return max(0, int(os.environ.get("GPUKERNELS_HOST_POOL_MB", "1024"))) << 20
+    except ValueError:
+        return 1 << 30
+
+
+def _refs(bufs, i):
+    return sys.getrefcount(bufs[i])
+
+
+# the count _refs gives for a buffer that only the pool's list references (calibrated here,
+# with the same expression, so that it holds on any CPython version)
+_IDLE_REFS = _refs([np.empty(1, np.uint8)], 0)
+
+
+class _HostOutputPool:
+    """Large host output buffers, handed out again once nobody references them.
+
+    The first touch of a fresh 200 MB array costs page faults and the kernel's zeroing,
+    measured as much as a whole softmax over it; onnxruntime avoids that by returning
+    memory from its arena, and so does this.  A buffer is reused only when its reference
+    count shows that the pool's list is its only holder: every array handed out, and every
+    NumPy view of one, keeps a reference to the buffer as its ``base``.  The pool tracks at
+    most ``max_bytes`` of buffers (the oldest are forgotten first: a forgotten buffer in use
+    stays with its users; an idle one is freed).  The limit is GPUKERNELS_HOST_POOL_MB
+    (default 1024; 0 turns the pool off)."""
+
+    def __init__(self, min_bytes: int = 4 << 20, max_bytes: int | None = None):
+        self.min_bytes = min_bytes
+        self.max_bytes = _pool_limit() if max_bytes is None else max_bytes
+        self._bufs: list = []  # 1-D uint8 arrays, least recently handed out first
+        self._lock = threading.Lock()
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        shape = tuple(int(d) for d in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes < self.min_bytes or nbytes > self.max_bytes or dtype.hasobject:
+            return np.empty(shape, dtype)
+        with self._lock:
+            bufs = self._bufs
+            for i in range(len(bufs)):
+                if bufs[i].nbytes == nbytes and _refs(bufs, i) <= _IDLE_REFS:
+                    buf = bufs.pop(i)
+                    break
+            else:
+                buf = np.empty(nbytes, np.uint8)
+                total = nbytes + sum(b.nbytes for b in bufs)
+                while total > self.max_bytes:
+                    total -= bufs.pop(0).nbytes
+            bufs.append(buf)
+            return buf.view(dtype).reshape(shape)
+
+
+_HOST_OUTPUTS = _HostOutputPool()
+
+
+def host_empty(shape, dtype) -> np.ndarray:
+    """An uninitialised host array for a kernel's output (large ones reuse idle memory)."""
+    return _HOST_OUTPUTS.empty(shape, dtype)
+
+
+def host_blocks(n: int, step: int, fn) -> None:
+    """fn(a, b) for every block [a, b) of [0, n) of ``step`` items, on the host threads.
+
+    Blocks are handed out one at a time (a shared counter), not as one fixed range per
+    thread: a thread that shares its core with other work (another process, or the
+    spinning workers of a runtime that just ran) takes fewer blocks instead of holding
+    back the whole call.  Threads are used when there are at least two blocks each."""
+    nblocks = -(-n // max(1, step))
+    counter = itertools.count()
+
+    def worker(_lo, _hi):
+        for i in counter:  # next() of a count is atomic under the GIL
+            if i >= nblocks:
+                return
+            fn(i * step, min(n, (i + 1) * step))
+
+    parallel_ranges(max(1, nblocks // 2), 1, worker)

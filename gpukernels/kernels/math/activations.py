@@ -10,12 +10,13 @@ temporaries in cache.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
-from ...xp import parallel_ranges
 from ..base import KernelBase, register
 from ._mathcommon import MathUnary, XUnary, blockwise, erf
+from ...xp import host_blocks, host_empty
 
 
 def _sigmoid(xp, x):
@@ -137,44 +138,47 @@ def _gelu_erf_f32(xp, x):
     pc = [f(-2.0 * c) for c in _GELU_P]  # -2 g(x) directly
     qc = [f(c) for c in _GELU_Q]
     flat = xp.ascontiguousarray(x).reshape(-1)
-    out = xp.empty_like(flat)
+    out = host_empty(flat.shape, flat.dtype) if xp is np else xp.empty_like(flat)
     n = flat.size
     block = max(1, min(n, _GELU_BLOCK) if xp is np else n)
     with np.errstate(over="ignore", invalid="ignore"):
-        if xp is np:  # independent blocks: split over host threads
-            parallel_ranges(n, 8 * block, lambda lo, hi: _gelu_range(xp, flat, out, lo, hi, block, pc, qc))
-        else:
-            _gelu_range(xp, flat, out, 0, n, block, pc, qc)
+        if xp is np:  # independent blocks, handed out to the host threads
+            scratch = threading.local()  # two blocks of scratch per thread
+
+            def one(lo, hi):
+                if not hasattr(scratch, "zq"):
+                    scratch.zq = np.empty((2, block), np.float32)
+                zq = scratch.zq
+                _gelu_block(xp, flat[lo:hi], out[lo:hi], zq[0, :hi - lo], zq[1, :hi - lo], pc, qc)
+
+            host_blocks(n, block, one)
+        elif n:
+            zq = xp.empty((2, n), np.float32)
+            _gelu_block(xp, flat, out, zq[0], zq[1], pc, qc)
     return out.reshape(x.shape)
 
 
-def _gelu_range(xp, flat, out, lo, hi, block, pc, qc):
-    """Gelu of flat[lo:hi] into out[lo:hi], in blocks with their own scratch."""
+def _gelu_block(xp, xb, p, z, q, pc, qc):
+    """Gelu of the block xb into p, with z and q as scratch of the same size."""
     f = np.float32
-    z_buf = xp.empty(block, f)
-    q_buf = xp.empty(block, f)
-    for s in range(lo, hi, block):
-        e = min(hi, s + block)
-        xb, p = flat[s:e], out[s:e]
-        z, q = z_buf[:e - s], q_buf[:e - s]
-        xp.multiply(xb, xb, out=z)
-        xp.minimum(z, f(1e4), out=z)  # keeps z^3 finite; g(100) is far in the saturated tail
-        xp.multiply(z, pc[3], out=p)
-        p += pc[2]
-        p *= z
-        p += pc[1]
-        p *= z
-        p += pc[0]
-        xp.add(z, qc[2], out=q)
-        q *= z
-        q += qc[1]
-        q *= z
-        q += qc[0]
-        p /= q
-        p *= xb
-        xp.exp(p, out=p)
-        p += f(1)
-        xp.divide(xb, p, out=p)
+    xp.multiply(xb, xb, out=z)
+    xp.minimum(z, f(1e4), out=z)  # keeps z^3 finite; g(100) is far in the saturated tail
+    xp.multiply(z, pc[3], out=p)
+    p += pc[2]
+    p *= z
+    p += pc[1]
+    p *= z
+    p += pc[0]
+    xp.add(z, qc[2], out=q)
+    q *= z
+    q += qc[1]
+    q *= z
+    q += qc[0]
+    p /= q
+    p *= xb
+    xp.exp(p, out=p)
+    p += f(1)
+    xp.divide(xb, p, out=p)
 
 
 @register()

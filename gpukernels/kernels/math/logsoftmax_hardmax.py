@@ -12,11 +12,33 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import register
-from .softmax import RowwiseKernel
+from ...xp import host_empty
+from .softmax import _HOST_BLOCK, RowwiseKernel, host_row_blocks, row_ones, row_sums
+
+
+def _log_softmax_rows_host(x2):
+    """LogSoftmax along the rows of a 2-D host float array: row blocks that stay in cache
+    (the same steps as the general form), over the host threads, into a reusable buffer."""
+    R, n = x2.shape
+    out = host_empty((R, n), x2.dtype)
+    ones = row_ones(n, x2.dtype)
+
+    def block(a, b):
+        xb, ob = x2[a:b], out[a:b]
+        np.subtract(xb, np.maximum.reduce(xb, axis=1, keepdims=True), out=ob)
+        lse = row_sums(np.exp(ob), ones)
+        np.log(lse, out=lse)
+        np.subtract(ob, lse[:, None], out=ob)
+
+    host_row_blocks(R, n, block)
+    return out
 
 
 def log_softmax_along(xp, x, axis: int):
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if xp is np and x.dtype.kind == "f" and x.size >= _HOST_BLOCK and x.ndim == axis + 1:
+            n = x.shape[axis]
+            return _log_softmax_rows_host(np.ascontiguousarray(x).reshape(-1, n)).reshape(x.shape)
         m = xp.max(x, axis=axis, keepdims=True)
         s = x - m
         lse = xp.log(xp.sum(xp.exp(s), axis=axis, keepdims=True))

@@ -3,21 +3,34 @@
 Opset 1-12: the input is coerced to 2-D at ``axis`` (default 1): dimensions before it
 form rows, the rest one row each, and softmax runs over each whole row.  Opset 13+:
 softmax runs along the single axis (default -1).  Computed in float32 for half types,
-with the row maximum subtracted; a row of all -inf gives NaN, as exp/sum does.
+with the row maximum subtracted (on the host, rows of the last axis skip the shift where
+that is exact and safe: see _softmax_rows_block); a row of all -inf gives NaN, as exp/sum
+does.
+
+This module also holds the row helpers of the row-wise host kernels (Softmax, LogSoftmax,
+LayerNormalization): ``host_row_blocks``, ``row_sums``.
 """
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from ...xp import parallel_ranges
+from ...xp import host_blocks, host_empty, parallel_ranges
 from ..base import KernelBase, register
 
+# ----------------------------------------------------------------------------- softmax
 
 # On the host, whole slices along the axis are processed in blocks of about this many
-# elements, so that the four passes (max, subtract, exp, sum and divide) run in cache and
-# the input and output cross memory once.
+# elements, so that every pass runs in cache and the input and output cross memory once.
 _HOST_BLOCK = 1 << 16
+# Rows of the host row path: blocks of about this many elements (input and output block
+# together about 1 MB of float32, inside the 2 MB L2)
+_ROW_BLOCK = 1 << 17
+# Row sums as BLAS dot products with ones (2-3x faster than np.add.reduce in cache) up to
+# this row length, where their float32 accumulation stays within ~2 ulp; pairwise beyond.
+_DOT_SUM_MAX = 1 << 13
 
 
 def _softmax_into(xp, x, out, axis):
@@ -27,12 +40,76 @@ def _softmax_into(xp, x, out, axis):
     out /= xp.sum(out, axis=axis, keepdims=True)
 
 
+def row_sums(a, ones):
+    """Sums of the rows of a 2-D host block; ones is ``row_ones(a.shape[1], a.dtype)``."""
+    return np.add.reduce(a, axis=1) if ones is None else np.vecdot(a, ones)
+
+
+def row_ones(n: int, dtype):
+    """A vector of n ones for ``row_sums`` (None where pairwise summation is used)."""
+    return np.ones(n, dtype) if 0 < n <= _DOT_SUM_MAX and hasattr(np, "vecdot") else None
+
+
+def _softmax_rows_block(xb, ob, ones, shifted: bool) -> bool:
+    """Softmax of each row of xb into ob (host, a block that fits in cache); returns
+    whether the next block should start in the shifted form.
+
+    Unshifted form: exp(x) / sum(exp(x)) wherever that is safe, i.e. when the row's sum s
+    lies in [1, 2^100]: no exp overflowed, every output that is a normal float came from a
+    normal (full precision) exp(x), and 1/s is normal too.  It saves two passes and is at least
+    as exact (x - max is itself rounded).  Other rows (large or all-negative values, inf, NaN)
+    are redone in the shifted form, exp(x - max); blocks where most rows needed that start
+    shifted, until a block's maxima are all in [0, 60] again."""
+    if shifted:
+        m = np.maximum.reduce(xb, axis=1, keepdims=True)
+        np.subtract(xb, m, out=ob)
+        np.exp(ob, out=ob)
+        s = row_sums(ob, ones)
+        again = not (np.minimum.reduce(m, axis=None) >= 0 and np.maximum.reduce(m, axis=None) <= 60)
+    else:
+        np.exp(xb, out=ob)
+        s = row_sums(ob, ones)
+        again = False
+        if not (np.minimum.reduce(s) >= 1 and np.maximum.reduce(s) <= 2.0 ** 100):  # NaN fails too
+            redo = np.flatnonzero(~((s >= 1) & (s <= 2.0 ** 100)))
+            xr = xb[redo]
+            er = np.exp(xr - np.maximum.reduce(xr, axis=1, keepdims=True))
+            s[redo] = row_sums(er, ones)
+            ob[redo] = er
+            again = 2 * redo.size > s.size
+    np.divide(1, s, out=s)
+    np.multiply(ob, s[:, None], out=ob)
+    return again
+
+
+def host_row_blocks(R: int, n: int, fn) -> None:
+    """fn(a, b) over blocks of rows [a, b) of an (R, n) host problem, each block about
+    _ROW_BLOCK elements (so that its passes run in L2), over the host threads."""
+    host_blocks(R, max(1, _ROW_BLOCK // max(1, n)), fn)
+
+
+def _softmax_rows_host(x2):
+    """Softmax along the rows of a 2-D host float array, into a reusable output buffer."""
+    R, n = x2.shape
+    out = host_empty((R, n), x2.dtype)
+    ones = row_ones(n, x2.dtype)
+    mode = threading.local()  # per host thread: start the next block shifted?
+
+    def block(a, b):
+        mode.shifted = _softmax_rows_block(x2[a:b], out[a:b], ones, getattr(mode, "shifted", False))
+
+    host_row_blocks(R, n, block)
+    return out
+
+
 def softmax_along(xp, x, axis: int):
     """Softmax of x along axis in x's dtype (no temporary the size of x)."""
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         n = x.shape[axis]
         inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
         outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        if xp is np and inner == 1 and x.dtype.kind == "f" and x.size >= _HOST_BLOCK:
+            return _softmax_rows_host(np.ascontiguousarray(x).reshape(outer, n)).reshape(x.shape)
         step = max(1, _HOST_BLOCK // max(1, n * inner))
         if xp is not np or outer <= step:
             out = xp.empty(x.shape, dtype=x.dtype)
@@ -40,14 +117,8 @@ def softmax_along(xp, x, axis: int):
             return out
         # (outer, n, inner) blocks of whole slices: the same reductions, in the same order
         x3 = xp.ascontiguousarray(x).reshape(outer, n, inner)
-        out = xp.empty_like(x3)
-
-        def rows(lo, hi):
-            for a in range(lo, hi, step):
-                b = min(hi, a + step)
-                _softmax_into(xp, x3[a:b], out[a:b], 1)
-
-        parallel_ranges(outer, 8 * step, rows)  # independent rows: split over host threads
+        out = host_empty(x3.shape, x3.dtype)
+        host_blocks(outer, step, lambda a, b: _softmax_into(xp, x3[a:b], out[a:b], 1))
         return out.reshape(x.shape)
 
 

