@@ -2,7 +2,9 @@
 
 One layer, forward / reverse / bidirectional.  The input projection of every time step
 (and both directions) is one matrix product; the recurrence is a loop over time steps
-with one (batch, hidden) x (hidden, gates*hidden) product per step and direction.
+with one (batch, hidden) x (hidden, gates*hidden) product per step and direction.  LSTM
+has host fast paths (a transposed layout, single-threaded blocked step products, the
+projection computed by a helper thread alongside the recurrence): see LSTM.
 
 Choices where the spec leaves room:
 
@@ -30,7 +32,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ...tensor import Tensor
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
+from ._lstm_host import _ChunkedProjection, _FullProjection, _LSTMDirection, _StepProduct, _clip
 
 
 def _sigmoid(xp, x, a, b):
@@ -93,47 +97,6 @@ class _Activation:
         else:
             x[...] = self(xp, x)
         return x
-
-
-# OpenBLAS runs a matrix product single-threaded when m*n*k is at most 65536 * 4; above
-# that it wakes its worker threads, which for the small per-step products of a recurrence
-# costs more than it saves (and stalls badly when the cores are busy).
-_SMALL_GEMM = 65536 * 4
-
-
-class _StepMatmul:
-    """gates = h @ Rt + xs for one time step.  On the host, when one product is small,
-    it is done as a batch of column blocks each below OpenBLAS's threading threshold (one
-    batched matmul call), and the input projection is added while reordering the blocks
-    back into (N, gates*H)."""
-
-    def __init__(self, xp, Rt, N, dtype):
-        self.xp = xp
-        Hh, G = Rt.shape
-        self.Rt = Rt
-        self.blocks = None
-        if xp is np and N * Hh * G > _SMALL_GEMM:
-            cw = _SMALL_GEMM // max(1, N * Hh)
-            while cw >= 16 and G % cw:
-                cw -= 1
-            if cw >= 16:
-                nb = G // cw
-                self.blocks = (nb, cw)
-                self.Rb = xp.ascontiguousarray(Rt.reshape(Hh, nb, cw).transpose(1, 0, 2))  # (nb, H, cw)
-                self.buf = xp.empty((nb, N, cw), dtype=dtype)
-
-    def __call__(self, h, x_step):
-        xp = self.xp
-        if self.blocks is None or h.shape[0] != self.buf.shape[1]:
-            gates = xp.matmul(h, self.Rt)
-            gates += x_step
-            return gates
-        nb, cw = self.blocks
-        N = h.shape[0]
-        xp.matmul(h, self.Rb, out=self.buf)
-        gates = xp.empty((N, nb * cw), dtype=self.buf.dtype)
-        xp.add(self.buf.transpose(1, 0, 2), x_step.reshape(N, nb, cw), out=gates.reshape(N, nb, cw))
-        return gates
 
 
 def _step(xp, valid, s, hn, h):
@@ -307,11 +270,7 @@ class _RecurrentBase(KernelBase):
             results.append(self.from_compute(xp.ascontiguousarray(st), data_type))
         return results
 
-    @staticmethod
-    def _clip(xp, x, clip):
-        if clip is None:
-            return x
-        return xp.clip(x, -clip, clip)
+    _clip = staticmethod(_clip)
 
     def _clip_value(self, clip):
         if clip is None:
@@ -458,7 +417,21 @@ class GRU(_RecurrentBase):
 @register()
 class LSTM(_RecurrentBase):
     """Gates in W/R/B order i, o, f, c; peepholes P in order i, o, f.  Defaults f = Sigmoid,
-    g = Tanh, h = Tanh.  input_forget=1 sets f_t = 1 - i_t."""
+    g = Tanh, h = Tanh.  input_forget=1 sets f_t = 1 - i_t.
+
+    The recurrence runs in a transposed layout: per step the gates are one (4H, H) x (H, N)
+    product R @ h^T plus a column block of the input projection W @ X^T; the states are
+    kept as (H, N) and Y is filled by one transposing copy at the end.  With the default
+    Sigmoid/Tanh gates and no clip, peephole or input_forget, the i, o, f rows of W, R and
+    B are pre-halved (exact) so that one tanh over all four gates gives
+    sigmoid(x) = 0.5 * tanh(x / 2) + 0.5 for three of them and tanh(x) for the fourth.
+
+    On the host a small step product runs as single-threaded row blocks (see
+    _StepProduct), and so does the input projection, chunk by chunk (_ChunkedProjection):
+    for one direction a helper thread computes it ahead of the recurrence; the two
+    directions of a bidirectional layer run in two threads.  Nothing then wakes OpenBLAS's
+    thread pool, whose workers spin for a long while after a threaded product (on a
+    2-core machine that halves the speed of the threads that follow)."""
 
     n_gates = 4
     n_activations = 3
@@ -485,60 +458,100 @@ class LSTM(_RecurrentBase):
         coupled = bool(int(input_forget or 0))
         xp = self.xp
         cdt = self.to_compute(p["x"]).dtype
-        proj = self._projection(p, cdt)
+        S, N = p["S"], p["N"]
+        # per direction: one tanh over all gates on pre-halved i, o, f rows?
+        fused = [p_t.is_absent and clip is None and not coupled and f.fn is _sigmoid
+                 and g.name.lower() == "tanh" for f, g, _ in acts]
+        half = np.where(np.arange(4 * H) < 3 * H, 0.5, 1.0).astype(cdt)
+        scale = [xp.asarray(half) if fu else None for fu in fused]
+        w = self._scaled(self.to_compute(p["w"], cdt), scale)  # (D, 4H, I)
+        R_ = self._scaled(self.to_compute(p["r"], cdt), scale)  # (D, 4H, H)
+        bias = None
         if not p["b"].is_absent:
-            bias = self.to_compute(p["b"], cdt)
-            proj = proj + (bias[:, :4 * H] + bias[:, 4 * H:])[:, None, None, :]
-        R_ = self.to_compute(p["r"], cdt)
+            b = self.to_compute(p["b"], cdt)
+            bias = self._scaled(b[:, :4 * H] + b[:, 4 * H:], scale)  # (D, 4H)
         peep = self.to_compute(p_t, cdt) if not p_t.is_absent else None
         h0 = self._state(p["h0"], p, cdt)
         c0 = self._state(c0_t, p, cdt)
         want_y = self.wants_output(0)
-        Ys, fin_h, fin_c = [], [], []
-        for d, reverse in enumerate(p["dirs"]):
-            idx, valid = self._step_order(p, reverse)
-            xs = self._gather_steps(proj[d], idx, reverse)
-            f, g, hf = acts[d]
-            Rt = xp.ascontiguousarray(R_[d].T)  # (H, 4H)
-            step_mm = _StepMatmul(xp, Rt, p["N"], cdt)
-            pi = po = pf = None
-            if peep is not None:
-                pi, po, pf = peep[d, :H], peep[d, H:2 * H], peep[d, 2 * H:]
-            fused = pi is None and f.name.lower() in ("sigmoid", "tanh")
-            h, c = h0[d], c0[d]
-            out = xp.zeros((p["S"], p["N"], H), dtype=cdt) if want_y else None
-            for s in range(p["S"]):
-                gates = step_mm(h, xs[s])
-                gi, go, gf, gc = gates[:, :H], gates[:, H:2 * H], gates[:, 2 * H:3 * H], gates[:, 3 * H:]
-                if fused:  # i, o and f through one call (o needs no peephole here)
-                    ifo = self._clip(xp, gates[:, :3 * H], clip)
-                    f.inplace(xp, ifo)
-                    i, o = ifo[:, :H], ifo[:, H:2 * H]
-                    fg = 1 - i if coupled else ifo[:, 2 * H:]
-                else:
-                    if pi is not None:
-                        gi = gi + pi * c
-                        gf = gf + pf * c
-                    i = f.inplace(xp, self._clip(xp, gi, clip))
-                    fg = 1 - i if coupled else f.inplace(xp, self._clip(xp, gf, clip))
-                cc = g.inplace(xp, self._clip(xp, gc, clip))
-                cn = fg * c
-                cc *= i
-                cn += cc
-                if not fused:
-                    if po is not None:
-                        go = go + po * cn
-                    o = f.inplace(xp, self._clip(xp, go, clip))
-                hn = hf(xp, cn)
-                hn *= o
-                hn, h = _step(xp, valid, s, hn, h)
-                c = cn if valid is None else xp.where(valid[s], cn, c)
-                if want_y:
-                    out[s] = hn
-            Ys.append(out)
-            fin_h.append(h)
-            fin_c.append(c)
-        y, yh, yc = self._outputs(p, Ys if want_y else None,
-                                  [fin_h if self.wants_output(1) else None,
-                                   fin_c if self.wants_output(2) else None], p["x"].data_type)
-        return self.Result(y, yh, yc)
+        y_shape = (S, D, N, H) if p["layout"] == 0 else (N, S, D, H)
+        # every (time, direction) slot is written once (zeros past a sequence's length)
+        Y = xp.empty(y_shape, dtype=cdt) if want_y else None
+        xsni = self._steps_major(p, cdt)  # X as (S, N, I)
+        runs = [_LSTMDirection(xp, self, p, d, reverse, acts[d], fused[d], clip, coupled, cdt,
+                               _StepProduct(xp, R_[d], N))
+                for d, reverse in enumerate(p["dirs"])]
+        bias_d = [None if bias is None else bias[d] for d in range(D)]
+        chunked = p["lens"] is None and all(_ChunkedProjection.worth_it(r.product, p) for r in runs)
+        if chunked and D == 1:
+            finals = [self._pipelined(runs[0], w[0], bias_d[0], xsni, h0, c0, peep, Y)]
+        else:
+            # chunked: each direction computes its projection itself, chunk by chunk, in
+            # single-threaded products (no helper); else all at once before
+            projT = None if chunked else self._projection_t(w, bias, xsni, p)  # (D, 4H, S, N)
+            finals = [None] * D
+
+            def run_dir(d):
+                r = runs[d]
+                src = (_ChunkedProjection(w[d], bias_d[d], xsni, r.product, r.reverse, Y is not None)
+                       if chunked else _FullProjection(projT[d]))
+                finals[d] = r(src, h0[d].T, c0[d].T, None if peep is None else peep[d], Y)
+
+            if D == 2 and runs[0].product.blocks is not None:  # single-threaded products: two threads
+                parallel_ranges(2, 1, lambda lo, hi: [run_dir(d) for d in range(lo, hi)])
+            else:
+                for d in range(D):
+                    run_dir(d)
+        results = [self.from_compute(Y, p["x"].data_type) if want_y else None]
+        for k in (1, 2):
+            if not self.wants_output(k):
+                results.append(None)
+                continue
+            st = xp.stack([f[k - 1].T for f in finals], axis=0)  # (D, N, H)
+            if p["layout"] == 1:
+                st = st.transpose(1, 0, 2)
+            results.append(self.from_compute(xp.ascontiguousarray(st), p["x"].data_type))
+        return self.Result(*results)
+
+    def _pipelined(self, run, w, bias, xsni, h0, c0, peep, Y):
+        """One direction whose input projection a helper thread computes alongside; the
+        final (h, c)."""
+        src = _ChunkedProjection(w, bias, xsni, run.product, run.reverse, Y is not None)
+        fin = []
+
+        def work(lo, hi):
+            if lo == 0:  # the calling thread runs the recurrence (taking chunks not yet started)
+                try:
+                    fin.append(run(src, h0[0].T, c0[0].T, None if peep is None else peep[0], Y))
+                finally:
+                    src.abandon()
+            if hi == 2:
+                src.produce()
+
+        parallel_ranges(2, 1, work)
+        return fin[0]
+
+    def _scaled(self, a, scale):
+        """a (D, 4H, ...) with the rows of direction d multiplied by scale[d] (None: as is);
+        a copy when any is scaled."""
+        if all(s is None for s in scale):
+            return a
+        a = a.copy()
+        for d, s in enumerate(scale):
+            if s is not None:
+                a[d] *= s.reshape((-1,) + (1,) * (a.ndim - 2))
+        return a
+
+    def _steps_major(self, p, cdt):
+        """X as an (S, N, I) compute array (a view for layout 1)."""
+        xc = self.to_compute(p["x"], cdt)
+        return xc.transpose(1, 0, 2) if p["layout"] == 1 else xc
+
+    def _projection_t(self, w, bias, xsni, p):
+        """W @ X^T (+ Wb + Rb) for every step and direction: (D, 4H, S, N) compute array."""
+        xp = self.xp
+        S, N, I, D, GH = p["S"], p["N"], p["I"], p["D"], 4 * p["H"]
+        projT = xp.matmul(w.reshape(D * GH, I), xsni.reshape(S * N, I).T)  # (D*GH, S*N)
+        if bias is not None:
+            projT += bias.reshape(D * GH, 1)
+        return projT.reshape(D, GH, S, N)

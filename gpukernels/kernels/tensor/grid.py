@@ -10,11 +10,15 @@ a = -0.75) then read zeros outside the input ('zeros'), the clamped index ('bord
 the reflected index ('reflection').  Integer outputs of linear/cubic are rounded half to
 even and saturated.
 
-The index maps and tap weights are computed once per call with array operations.  The
-input is transposed to channels-last once; one gather fetches the channel vectors of
-every tap of a chunk of output points, and one einsum sums them with their weights; the
-result is transposed back to channels-first once.  A tap outside the input under 'zeros'
-padding reads a clamped index with weight 0.
+The index maps and tap weights are computed once per call, for all channels, with array
+operations.  A tap outside the input under 'zeros' padding reads a clamped index with
+weight 0.  On the host, linear and cubic modes gather each tap for a block of channels
+of one batch entry straight from the channels-first input (np.take along the flattened
+spatial axis: the output points run along the contiguous axis, so the weighting is long
+contiguous multiply-adds), accumulating the taps in place in the output; blocks run over
+the host threads.  Elsewhere (nearest, a GPU) the input is transposed to channels-last
+once, one gather fetches the channel vectors of every tap of a chunk of output points,
+one einsum sums them with their weights, and the result is transposed back once.
 """
 
 from __future__ import annotations
@@ -24,11 +28,174 @@ import numpy as np
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 from ._common import host_ints, permuted_copy, product, xp_for
 
 _MODE_ALIASES = {"bilinear": "linear", "bicubic": "cubic"}
 _GATHER_CHUNK = 1 << 20  # elements of gathered taps held at once
+_HOST_BLOCK = 1 << 17  # elements of one tap's (channels, points) block on the host
+_TAPS_POINTS = 1 << 13  # grid points whose taps the host computes at once (cache-sized)
+
+
+def _taps(xp, gc, S, mode, padding_mode, align_corners):
+    """Tap indices and weights for grid points gc (N, M, r) over spatial shape S.
+
+    Per spatial axis, (T, N, M) tap indices (times the axis stride) and weights are
+    combined over the axes by broadcasting: lin, the flat spatial index within a batch
+    entry, and weight (None for nearest) have shape (T,) * r + (N, M) (taps leading, so the
+    elementwise work runs along the long points axis); valid (nearest with zeros padding,
+    else None) marks taps inside the input."""
+    N, M, r = gc.shape
+    T = 1 if mode == "nearest" else (2 if mode == "linear" else 4)
+    lin = xp.zeros((N, 1), dtype=xp.int64)
+    weight = None
+    valid = None
+    for k in range(r):
+        L = S[k]
+        n = gc[..., r - 1 - k]
+        if align_corners:
+            c = (n + 1) / 2 * (L - 1)
+            lo, hi = 0.0, float(L - 1)
+        else:
+            c = ((n + 1) * L - 1) / 2
+            lo, hi = -0.5, L - 0.5
+        if mode == "nearest":
+            c = xp.rint(c)
+        if padding_mode == "border":
+            c = xp.clip(c, 0, L - 1)
+        elif padding_mode == "reflection":
+            c = _reflect(xp, c, lo, hi)
+        if mode == "nearest":
+            p, w = xp.trunc(c)[None], None
+        else:
+            f = xp.floor(c)
+            t = c - f
+            if mode == "linear":
+                p, w = xp.stack([f, f + 1]), xp.stack([1 - t, t])
+            else:
+                p, w = xp.stack([f - 1, f, f + 1, f + 2]), xp.stack(_cubic_w(xp, t))
+        v = None
+        if padding_mode == "zeros":
+            v = (p >= 0) & (p <= L - 1)
+            if w is not None:
+                w = xp.where(v, w, 0)
+        elif padding_mode == "reflection":
+            p = xp.trunc(_reflect(xp, p, lo, hi))
+        idx = xp.clip(p, 0, L - 1).astype(xp.int64) * product(S[k + 1:])
+        shape = (1,) * k + (T,) + (1,) * (r - 1 - k) + (N, M)
+        lin = lin + idx.reshape(shape)
+        if w is not None:
+            w = w.reshape(shape)
+            weight = w if weight is None else weight * w
+        if v is not None and mode == "nearest":
+            v = v.reshape(shape)
+            valid = v if valid is None else valid & v
+    return lin, weight, valid
+
+
+def _linear_taps_host(gc, S, padding_mode, align_corners):
+    """_taps for linear mode with zeros or border padding, all axes at once and in fewer
+    array operations (the same values): lin and weight as (2 ** r, N, M), taps in
+    row-major order of the spatial axes."""
+    N, M, r = gc.shape
+    # (r, N, M) coordinates, spatial axis k first; L (r, 1, 1) the axis lengths
+    c = np.ascontiguousarray(gc[..., ::-1].transpose(2, 0, 1))
+    L = np.array(S, dtype=gc.dtype).reshape(r, 1, 1)
+    c += 1
+    if align_corners:
+        c /= 2
+        c *= L - 1
+    else:
+        c *= L
+        c -= 1
+        c /= 2
+    if padding_mode == "border":
+        np.clip(c, 0, L - 1, out=c)
+    f = np.floor(c)
+    w1 = c
+    w1 -= f  # fractional part: weight of the upper tap
+    w0 = 1 - w1
+    if padding_mode == "zeros":  # (where, not a product: 0 also for a NaN coordinate)
+        w0 = np.where((f >= 0) & (f <= L - 1), w0, 0).astype(w0.dtype, copy=False)
+        w1 = np.where((f >= -1) & (f <= L - 2), w1, 0).astype(w1.dtype, copy=False)
+    strides = np.array([product(S[k + 1:]) for k in range(r)], dtype=np.int64).reshape(r, 1, 1)
+    i0 = np.clip(f, 0, L - 1).astype(np.int64)
+    f += 1
+    i1 = np.clip(f, 0, L - 1).astype(np.int64)
+    i0 *= strides
+    i1 *= strides
+    K = 1 << r
+    lin = np.empty((K, N, M), dtype=np.int64)
+    weight = np.empty((K, N, M), dtype=gc.dtype)
+    for b in range(K):
+        # bit r - 1 - k of b picks the lower or upper tap along spatial axis k
+        picks = [(i1, w1) if (b >> (r - 1 - k)) & 1 else (i0, w0) for k in range(r)]
+        if r == 1:
+            lin[b] = picks[0][0][0]
+            weight[b] = picks[0][1][0]
+            continue
+        # the same product order as _taps: axis 0 first
+        np.add(picks[0][0][0], picks[1][0][1], out=lin[b])
+        np.multiply(picks[0][1][0], picks[1][1][1], out=weight[b])
+        for k in range(2, r):
+            lin[b] += picks[k][0][k]
+            weight[b] *= picks[k][1][k]
+    return lin, weight
+
+
+def _sample_host(src, gc, S, mode, padding_mode, align_corners, out_dtype):
+    """Linear/cubic GridSample on the host: out (N, C, M) from src (N, C, P) and grid
+    points gc (N, M, r).
+
+    Work is split over the host threads by batch entries (each computing its own taps),
+    or for a single entry by blocks of channels.  Per batch entry and block of channels,
+    each tap is gathered from the channels-first planes (np.take along the flat spatial
+    axis; the indices are already in range, and mode 'wrap' is the cheapest check) into a
+    (channels, points) buffer, weighted and accumulated into the output rows in place."""
+    N, C, _ = src.shape
+    M = gc.shape[1]
+    out = np.empty((N, C, M), dtype=out_dtype)
+    cb = max(1, min(C, _HOST_BLOCK // max(1, M)))  # channels per block
+    nblk = -(-C // cb)
+
+    def taps(lo, hi):
+        if mode == "linear" and padding_mode != "reflection":
+            return _linear_taps_host(gc[lo:hi], S, padding_mode, align_corners)
+        lin, weight, _ = _taps(np, gc[lo:hi], S, mode, padding_mode, align_corners)
+        K = lin.size // ((hi - lo) * M)
+        return lin.reshape(K, hi - lo, M), weight.reshape(K, hi - lo, M)
+
+    def accumulate(n, lin, weight, b0, b1, tmp):
+        """Channel blocks b0..b1 of batch entry n, with lin/weight (K, M) of that entry."""
+        for b in range(b0, b1):
+            c0, c1 = b * cb, min(C, (b + 1) * cb)
+            x, acc, t = src[n, c0:c1], out[n, c0:c1], tmp[:c1 - c0]
+            np.take(x, lin[0], axis=1, out=acc, mode="wrap")
+            acc *= weight[0]
+            for k in range(1, lin.shape[0]):
+                np.take(x, lin[k], axis=1, out=t, mode="wrap")
+                t *= weight[k]
+                acc += t
+
+    if N > 1:
+        group = max(1, _TAPS_POINTS // M)  # batch entries whose taps are computed together
+
+        def run(lo, hi):
+            tmp = np.empty((cb, M), dtype=out_dtype)
+            for g0 in range(lo, hi, group):
+                g1 = min(hi, g0 + group)
+                lin, weight = taps(g0, g1)
+                for n in range(g0, g1):
+                    accumulate(n, lin[:, n - g0], weight[:, n - g0], 0, nblk, tmp)
+
+        parallel_ranges(N, 1, run)
+    else:
+        lin, weight = taps(0, 1)
+        parallel_ranges(nblk, max(1, _HOST_BLOCK // (cb * M)),
+                        lambda b0, b1: accumulate(0, lin[:, 0], weight[:, 0], b0, b1,
+                                                  np.empty((cb, M), dtype=out_dtype)))
+    return out
 
 
 def _reflect(xp, x, lo: float, hi: float):
@@ -97,60 +264,19 @@ class GridSample(KernelBase):
         gc = gc.astype(work).reshape(N, M, r)
         P = product(S)
         T = 1 if mode == "nearest" else (2 if mode == "linear" else 4)
-        # Per spatial axis, (T, N, M) tap indices (times the axis stride) and weights, then
-        # combined over the axes by broadcasting into T ** r rows of the (N * P, C)
-        # channels-last input per output point, with their weights (taps leading, so the
-        # elementwise work runs along the long N * M axis).
-        lin = (xp.arange(N, dtype=xp.int64) * P).reshape(N, 1)
-        weight = None
-        valid = None
-        for k in range(r):
-            L = S[k]
-            n = gc[..., r - 1 - k]
-            if align_corners:
-                c = (n + 1) / 2 * (L - 1)
-                lo, hi = 0.0, float(L - 1)
-            else:
-                c = ((n + 1) * L - 1) / 2
-                lo, hi = -0.5, L - 0.5
-            if mode == "nearest":
-                c = xp.rint(c)
-            if padding_mode == "border":
-                c = xp.clip(c, 0, L - 1)
-            elif padding_mode == "reflection":
-                c = _reflect(xp, c, lo, hi)
-            if mode == "nearest":
-                p, w = xp.trunc(c)[None], None
-            else:
-                f = xp.floor(c)
-                t = c - f
-                if mode == "linear":
-                    p, w = xp.stack([f, f + 1]), xp.stack([1 - t, t])
-                else:
-                    p, w = xp.stack([f - 1, f, f + 1, f + 2]), xp.stack(_cubic_w(xp, t))
-            v = None
-            if padding_mode == "zeros":
-                v = (p >= 0) & (p <= L - 1)
-                if w is not None:
-                    w = xp.where(v, w, 0)
-            elif padding_mode == "reflection":
-                p = xp.trunc(_reflect(xp, p, lo, hi))
-            idx = xp.clip(p, 0, L - 1).astype(xp.int64) * product(S[k + 1:])
-            shape = (1,) * k + (T,) + (1,) * (r - 1 - k) + (N, M)
-            lin = lin + idx.reshape(shape)
-            if w is not None:
-                w = w.reshape(shape)
-                weight = w if weight is None else weight * w
-            if v is not None and mode == "nearest":
-                v = v.reshape(shape)
-                valid = v if valid is None else valid & v
         K = T ** r
-        # (N * M, K): the taps of one output point side by side
-        lin = xp.ascontiguousarray(lin.reshape(K, N * M).T)
         if mode == "nearest" or info.kind not in ("float", "complex"):
             src = x.array if mode == "nearest" else x.array.astype(np.float64)
         else:
             src = self.to_compute(x)
+        if xp is np and mode != "nearest":
+            res = _sample_host(src.reshape(N, C, P), gc, S, mode, padding_mode, align_corners,
+                               np.result_type(src.dtype, work))
+            return self._finish(xp, res.reshape(out_shape), info, x.data_type)
+        lin, weight, valid = _taps(xp, gc, S, mode, padding_mode, align_corners)
+        # (N * M, K): the taps of one output point side by side, as rows of (N * P, C)
+        lin = lin + (xp.arange(N, dtype=xp.int64) * P).reshape(N, 1)
+        lin = xp.ascontiguousarray(lin.reshape(K, N * M).T)
         # channels-last rows: every tap fetches a whole channel vector with one gather
         xt = permuted_copy(xp, src.reshape(N, C, P).transpose(0, 2, 1)).reshape(N * P, C)
         if mode == "nearest":
@@ -173,13 +299,18 @@ class GridSample(KernelBase):
             res = permuted_copy(xp, acc.reshape(N, M, C).transpose(0, 2, 1)).reshape(out_shape)
         if mode == "nearest":
             return Tensor.wrap(res, x.data_type)
+        return self._finish(xp, res, info, x.data_type)
+
+    def _finish(self, xp, res, info, data_type):
+        """The interpolated values in the output type (integers rounded half to even and
+        saturated)."""
         if info.kind in ("int", "uint"):
             lim = np.iinfo(info.storage)
             res = xp.clip(xp.rint(res), lim.min, lim.max).astype(info.storage)
-            return Tensor.wrap(res, x.data_type)
+            return Tensor.wrap(res, data_type)
         if info.kind == "complex":
-            return Tensor.wrap(res.astype(info.numpy), x.data_type)
-        return self.from_compute(res, x.data_type)
+            return Tensor.wrap(res.astype(info.numpy), data_type)
+        return self.from_compute(res, data_type)
 
 
 @register()

@@ -18,12 +18,31 @@ import numpy as np
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import copy_array, scatter_assign_last_wins, scatter_reduce
+from ...xp import copy_array, parallel_ranges, scatter_assign_last_wins, scatter_reduce
 from ..base import KernelBase, register
 from ._common import assign_rows_last_wins, host_ints, norm_axis, on, product, xp_for
 from .indexing import checked_indices, nd_linear_index
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
+_PARALLEL_ASSIGN = 1 << 20  # elements of updates per host thread worth a parallel row assignment
+
+
+def _assign_rows(xp, target, rows, values) -> None:
+    """target[rows] = values (2-D target, whole rows), the last of repeated rows winning.
+
+    On the host, when the rows are distinct (checked on a sorted copy of the row indices,
+    cheap next to moving the rows) and the updates are large, the order does not matter:
+    contiguous slices of the updates are assigned by the host threads."""
+    m, s = values.shape
+    if xp is np and m > 1 and m * s >= 2 * _PARALLEL_ASSIGN and s >= 64:
+        srt = np.sort(rows)
+        if not (srt[1:] == srt[:-1]).any():
+            def run(lo, hi):
+                target[rows[lo:hi]] = values[lo:hi]
+
+            parallel_ranges(m, max(1, _PARALLEL_ASSIGN // s), run)
+            return
+    assign_rows_last_wins(xp, target, rows, values)
 
 
 def _reduction(kernel, reduction, **inputs) -> str:
@@ -160,8 +179,8 @@ class ScatterND(KernelBase):
             return Tensor.wrap(x.array.copy(), x.data_type)
         rows = nd_linear_index(self, xp, on(xp, i.array).reshape(m, k), x.shape[:k], **named)
         if red == "none":
-            out = copy_array(x.array)
-            assign_rows_last_wins(xp, out.reshape(-1, s), rows, u.array.reshape(m, s))
+            out = copy_array(x.array)  # host: a threaded copy
+            _assign_rows(xp, out.reshape(-1, s), rows, u.array.reshape(m, s))
             return Tensor.wrap(out, x.data_type)
         flat = (rows[:, None] * s + xp.arange(s, dtype=xp.int64)[None, :]).reshape(-1)
         return _reduce(self, xp, x, u, flat, red)
