@@ -289,8 +289,6 @@ _POOL = None
 def host_threads() -> int:
     """Worker threads for large host kernels: GPUKERNELS_CPU_THREADS, else the number of
     cores (at most 8)."""
-    import os
-
     value = os.environ.get("GPUKERNELS_CPU_THREADS")
     if value and value.isdigit():
         return max(1, int(value))
