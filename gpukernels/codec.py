@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .dtypes import DataType, info
+from .xp import host_empty
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ def _encode_float32_host(x: np.ndarray, dt: DataType, saturate: bool) -> np.ndar
     u_all = flat.view(np.uint32)
     n = flat.size
     storage = info(dt).storage
-    out = np.empty(n, dtype=storage)
+    out = host_empty((n,), storage)
     t = np.empty(min(n, HOST_CHUNK), dtype=np.uint32)
     if dt == DataType.BFLOAT16:
         for a in range(0, n, HOST_CHUNK):

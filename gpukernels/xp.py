@@ -329,7 +329,7 @@ def copy_array(array):
     """A C-contiguous copy of array; large host arrays are copied by several threads."""
     if is_cupy_array(array) or not array.flags.c_contiguous or array.nbytes < (4 << 20):
         return array.copy()
-    out = np.empty(array.shape, array.dtype)
+    out = host_empty(array.shape, array.dtype)
     src, dst = array.reshape(-1), out.reshape(-1)
     parallel_ranges(src.size, (1 << 20) // max(1, array.itemsize),
                     lambda lo, hi: np.copyto(dst[lo:hi], src[lo:hi]))
@@ -375,7 +375,7 @@ class _HostOutputPool:
 
     def empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        shape = tuple(int(d) for d in shape)
+        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes < self.min_bytes or nbytes > self.max_bytes or dtype.hasobject:
             return np.empty(shape, dtype)

@@ -10,7 +10,7 @@ import onnx
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import is_cupy_array, to_host
+from ...xp import host_empty, is_cupy_array, to_host
 
 
 def host_ints(kernel, t: Tensor, name: str) -> list[int]:
@@ -144,7 +144,7 @@ def permuted_copy(xp, view):
     n = view.shape[-1]
     if n < 2 * TRANSPOSE_TILE or view.size < (1 << 20) or abs(view.strides[-1]) < 128:
         return np.ascontiguousarray(view)
-    out = np.empty(view.shape, dtype=view.dtype)
+    out = host_empty(view.shape, view.dtype)
     for a in range(0, n, TRANSPOSE_TILE):
         np.copyto(out[..., a:a + TRANSPOSE_TILE], view[..., a:a + TRANSPOSE_TILE])
     return out

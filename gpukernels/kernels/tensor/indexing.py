@@ -15,7 +15,7 @@ import numpy as np
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import parallel_ranges
+from ...xp import host_empty, parallel_ranges
 from ..base import KernelBase, register
 from ._common import deliver, host_ints, norm_axis, on, product, xp_for
 
@@ -64,7 +64,7 @@ def _host_take(data, idx, ax):
     shape = data.shape[:ax] + idx.shape + data.shape[ax + 1:]
     if int(np.prod(shape, dtype=np.int64)) * data.itemsize < 2 * _TAKE_THREAD_BYTES:
         return np.take(data, idx, axis=ax)
-    out = np.empty(shape, data.dtype)
+    out = host_empty(shape, data.dtype)
     if ax == 0:
         flat = idx.reshape(-1)
         rows = out.reshape((flat.size,) + data.shape[1:])
