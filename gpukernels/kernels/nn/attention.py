@@ -6,6 +6,8 @@ Scores are ``scale * Q @ K^T`` (scale defaults to 1/sqrt(head_size)), soft-cappe
 padding), softmax runs over the keys, and the probabilities multiply V.  Everything is
 batched matrix products, chunked over blocks of query rows so that at most about
 ``ctx.options['attention_block_bytes']`` (default 64 MiB) of scores live at once.
+On the host, calls without mask, padding, window, softcap or qk output (the common
+prefill and decode cases) take _HostAttention, a leaner schedule of the same math.
 
 Choices where the spec leaves room:
 
@@ -237,10 +239,15 @@ class Attention(KernelBase):
 
         mode = p["mode"]
         want_qk = self.wants_output(3)
-        Y = xp.zeros((B, Hq, Sq, Dv), dtype=cdt)
+        nonempty = Sq > 0 and T > 0 and B > 0 and Hq > 0
+        host_plain = nonempty and self._host_plain(p, mask, want_qk, cdt)
+        Y = (xp.empty if host_plain else xp.zeros)((B, Hq, Sq, Dv), dtype=cdt)
         qk_out = xp.zeros((B, Hq, Sq, T), dtype=cdt) if want_qk else None
 
-        if Sq > 0 and T > 0 and B > 0 and Hq > 0:
+        if host_plain:
+            budget = int(self.ctx.option("attention_block_bytes", _DEFAULT_BLOCK_BYTES))
+            _HostAttention(p, cdt, min(budget, _HOST_BLOCK_BYTES)).run(Qc, Kc, Vc, Y)
+        elif nonempty:
             mask_add, mask_q = self._prepare_mask(mask, T, cdt)
             offset = self._offset(p)
             has_window = p["left"] >= 0 or p["right"] >= 0
@@ -323,6 +330,16 @@ class Attention(KernelBase):
         qk_t = self.from_compute(qk_out, q.data_type) if want_qk else None
         return self.Result(y_t, pk_t, pv_t, qk_t)
 
+    def _host_plain(self, p, mask, want_qk, cdt) -> bool:
+        """Whether the host fast path (_HostAttention) covers this call: NumPy, no mask,
+        no padding or window, no softcap, no qk output, softmax in the compute type, and
+        the causal frontier (if any) at the fixed offset past_len."""
+        sp = p["softmax_precision"]
+        sdt = cdt if sp is None else {int(DataType.FLOAT): np.float32, int(DataType.DOUBLE): np.float64}.get(sp)
+        return (self.xp is np and mask.is_absent and p["nonpad"] is None and p["softcap"] == 0
+                and p["left"] < 0 and p["right"] < 0 and not want_qk
+                and sdt is not None and np.dtype(sdt) == cdt)
+
     def _round(self, arr, data_type):
         """arr rounded to a half type and back to float32."""
         return self.to_compute(self.from_compute(arr, data_type), np.float32)
@@ -382,3 +399,117 @@ class Attention(KernelBase):
             add = xp.where(allowed, cdt.type(0), cdt.type(-np.inf))
             bias = add if bias is None else bias + add
         return bias
+
+
+# ---------------------------------------------------------------------- host fast path
+# Work on blocks of at most this many score bytes (or attention_block_bytes when
+# smaller): fewer, larger BLAS calls measured faster than cache-sized ones here.
+_HOST_BLOCK_BYTES = 8 << 20
+# Causal attention: query rows per block (each block multiplies only the keys it sees).
+_HOST_CAUSAL_ROWS = 128
+# Query rows per KV head at or below which scores are computed as K @ q^T (decoding).
+_FEW_ROWS = 8
+# 2**s without the row-max shift is kept when every row sum lands in this range (no
+# term overflowed, the largest term is a normal number) and E @ V is finite; otherwise
+# the block is redone with the shift.
+_SUM_LO = 1e-20
+_SUM_HI = 1e30
+_LOG2E = 1.4426950408889634
+
+
+class _HostAttention:
+    """NumPy-only attention for the plain cases (see Attention._host_plain).
+
+    Works through blocks of (batch, KV heads, query rows).  Per block: scores by one
+    batched BLAS product with scale * log2(e) folded into Q (K^T is a transposed view,
+    no copy), the causal frontier as a -inf triangle on the trailing square only
+    (earlier keys are visible to every row of the block, later ones are not multiplied
+    at all), E = 2**s in place (exp2 is much cheaper than exp in NumPy), its row sums,
+    and Y = (E @ V) * (1 / sum) (the division on Dv columns instead of T).  Softmax is
+    shift-invariant, so the row max is subtracted only when the sums show that 2**s
+    overflowed or underflowed; that block is then recomputed with the shift.
+    """
+
+    def __init__(self, p, cdt, block_bytes):
+        self.B, self.Hq, self.Hkv = p["B"], p["q_heads"], p["kv_heads"]
+        self.G = self.Hq // self.Hkv
+        self.Sq, self.T, self.D, self.Dv = p["Sq"], p["T"], p["D"], p["Dv"]
+        self.causal = bool(p["is_causal"])
+        self.offset = p["P"]  # causal frontier: query i sees keys j <= i + offset
+        self.cdt = cdt
+        self.scale2 = cdt.type(p["scale"] * _LOG2E)
+        self.block_bytes = block_bytes
+
+    def _blocks(self):
+        """(query rows per block, KV heads per block)."""
+        G, Sq, T, isz = self.G, self.Sq, self.T, self.cdt.itemsize
+        if self.causal and Sq > _HOST_CAUSAL_ROWS:
+            n = _HOST_CAUSAL_ROWS
+        else:
+            n = max(1, min(Sq, self.block_bytes // max(1, G * T * isz)))
+        hb = max(1, min(self.Hkv, self.block_bytes // max(1, G * n * T * isz)))
+        return n, hb
+
+    def run(self, Qc, Kc, Vc, Y):
+        B, Hkv, G, Sq = self.B, self.Hkv, self.G, self.Sq
+        Q5 = Qc.reshape(B, Hkv, G, Sq, self.D)  # a view: splits the head axis
+        K4 = np.ascontiguousarray(Kc)
+        V4 = np.ascontiguousarray(Vc)
+        Y5 = Y.reshape(B, Hkv, G, Sq, self.Dv)
+        n, hb = self._blocks()
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            for b in range(B):
+                for h0 in range(0, Hkv, hb):
+                    h1 = min(Hkv, h0 + hb)
+                    for r0 in range(0, Sq, n):
+                        r1 = min(Sq, r0 + n)
+                        self._block(Q5[b, h0:h1, :, r0:r1], K4[b, h0:h1], V4[b, h0:h1],
+                                    Y5[b, h0:h1, :, r0:r1], r0, r1)
+
+    def _scores(self, q, K, r0, r1):
+        """Scores in base-2 units, (h, G*n, Tb), with the causal triangle applied; and Tb."""
+        h, G, n, D = q.shape
+        Tb = min(self.T, r1 + self.offset) if self.causal else self.T  # keys the block sees
+        qs = np.multiply(q, self.scale2).reshape(h, G * n, D)  # a contiguous scaled copy
+        Kb = K[:, :Tb]
+        if G * n <= _FEW_ROWS:  # decoding: K @ q^T runs as a fast matrix-vector-like product
+            st = np.matmul(Kb, qs.transpose(0, 2, 1).copy())  # (h, Tb, G*n)
+            s = np.ascontiguousarray(st.transpose(0, 2, 1))
+        else:
+            s = np.matmul(qs, Kb.transpose(0, 2, 1))  # BLAS reads K^T through the view
+        j0 = r0 + self.offset + 1  # keys below j0 are visible to every row of the block
+        if self.causal and j0 < Tb:
+            i = np.arange(r0, r1).reshape(-1, 1) + self.offset
+            j = np.arange(j0, Tb).reshape(1, -1)
+            tri = np.where(j > i, self.cdt.type(-np.inf), self.cdt.type(0))
+            s.reshape(h, G, n, Tb)[..., j0:] += tri
+        return s, Tb
+
+    def _block(self, q, K, V, y, r0, r1):
+        h, G, n, _ = q.shape
+        s, Tb = self._scores(q, K, r0, r1)
+        _exp2_inplace(s)
+        tot = np.sum(s, axis=-1)  # (h, G*n) row sums
+        out = None
+        if bool(np.all((tot > _SUM_LO) & (tot < _SUM_HI))):
+            out = np.matmul(s, V[:, :Tb])  # (h, G*n, Dv)
+            if not np.isfinite(np.sum(out)):
+                out = None  # unscaled sums overflowed (or V is not finite): redo
+        if out is None:  # rare: redo with the max shift, as a stable softmax does
+            s, _ = self._scores(q, K, r0, r1)
+            m = np.max(s, axis=-1, keepdims=True)
+            s -= m  # no row is fully masked here, so m is finite unless inputs are not
+            np.exp2(s, out=s)
+            tot = np.sum(s, axis=-1)
+            out = np.matmul(s, V[:, :Tb])
+        np.reciprocal(tot, out=tot)
+        np.multiply(out.reshape(h, G, n, self.Dv), tot.reshape(h, G, n, 1), out=y)
+
+
+def _exp2_inplace(s):
+    """s <- 2**s (s contiguous), split over the host threads when large."""
+    from ...xp import parallel_ranges
+
+    flat = s.reshape(-1)
+    parallel_ranges(flat.size, 1 << 16, lambda lo, hi: np.exp2(flat[lo:hi], out=flat[lo:hi]))
+

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...xp import parallel_ranges
 from ..base import KernelBase, register
 
 
@@ -82,7 +81,7 @@ class RotaryEmbedding(KernelBase):
         s = self.to_compute(sin)
         if not pid.is_absent:
             idx = pid.array.astype(np.int64)
-            c = xp.take(c, idx, axis=0)  # (B, S, half)
+            c = xp.take(c, idx, axis=0)  # (B, S, half): gathered once per position, not per head
             s = xp.take(s, idx, axis=0)
         if x.ndim == 4:
             c = c[:, None, :, :]  # (B, 1, S, half)
@@ -92,45 +91,14 @@ class RotaryEmbedding(KernelBase):
             c = c[:, :, None, :]  # (B, S, 1, half)
             s = s[:, :, None, :]
             x4 = xc.reshape(B, S, H, hd)
-        y = xp.empty_like(x4)
-        # On the host, work through cache-sized blocks of axis 1 (heads for 4-D, positions
-        # for 3-D): the six passes below then stay in cache.  On a GPU: one block.
-        n1 = x4.shape[1]
-        per = max(1, x4.size // max(n1, 1))
-        step = n1 if xp is not np else max(1, min(n1, (1 << 17) // per))
-
-        if xp is np and not interleaved:
-            # full-width factors: y = x * [c, c] + swap_halves(x) * [-s, s] -- long inner
-            # loops, and bit-identical to _rotate (c*a + (-s)*b == c*a - s*b exactly)
-            c = np.concatenate([c, c], axis=-1)
-            s = np.concatenate([-s, s], axis=-1)
-
-        def blocks(lo, hi):
-            for i0 in range(lo, hi, step):
-                i1 = min(hi, i0 + step)
-                cb, sb = (c, s) if x.ndim == 4 else (c[:, i0:i1], s[:, i0:i1])
-                if xp is np and not interleaved:
-                    self._rotate_halves_host(x4[:, i0:i1], y[:, i0:i1], cb, sb, rd)
-                else:
-                    self._rotate(xp, x4[:, i0:i1], y[:, i0:i1], cb, sb, rd, interleaved)
-                if rd < hd:
-                    y[:, i0:i1, ..., rd:] = x4[:, i0:i1, ..., rd:]
-
         if xp is np:
-            parallel_ranges(n1, 2 * step, blocks)  # independent blocks over host threads
+            y = _rotate_host(x4, c, s, rd, interleaved)
         else:
-            blocks(0, n1)
+            y = xp.empty_like(x4)
+            self._rotate(xp, x4, y, c, s, rd, interleaved)
+            if rd < hd:
+                y[..., rd:] = x4[..., rd:]
         return self.from_compute(y.reshape(x.shape), x.data_type)
-
-    @staticmethod
-    def _rotate_halves_host(x4, y, c2, s2, rd):
-        """Host, non-interleaved: c2 = [c, c], s2 = [-s, s] over the rotary width."""
-        half = rd // 2
-        xr, yr = x4[..., :rd], y[..., :rd]
-        np.multiply(xr, c2, out=yr)
-        split = xr.shape[:-1] + (2, half)
-        t = np.multiply(xr.reshape(split)[..., ::-1, :], s2.reshape(s2.shape[:-1] + (2, half)))
-        yr += t.reshape(yr.shape)
 
     @staticmethod
     def _rotate(xp, x4, y, c, s, rd, interleaved):
@@ -147,3 +115,65 @@ class RotaryEmbedding(KernelBase):
         xp.multiply(c, b, out=tmp)
         xp.multiply(s, a, out=yb)
         yb += tmp  # sin * a + cos * b
+
+
+# Host blocks hold about this many elements of X (a few hundred KiB: the passes over
+# a block then run in cache).
+_HOST_BLOCK_ELEMS = 1 << 16
+
+
+def _rotate_host(x4, c, s, rd, interleaved):
+    """NumPy path: X rotated (a new C-contiguous array), over cache-sized blocks of axis 1 (heads for 4-D X,
+    positions for 3-D).  c/s broadcast against X's first three axes with rd/2 features.
+
+    Interleaved pairs (x[2i], x[2i+1]) are complex numbers rotated by one complex
+    multiply by cos + i sin (one pass).  Split halves (x[i], x[i+rd/2]) take four
+    full-width passes with long inner loops: t = halves-swapped X, t *= [-sin, sin],
+    y = X * [cos, cos], y += t.
+    """
+    x4 = np.ascontiguousarray(x4)  # complex views need a contiguous last axis
+    y = np.empty(x4.shape, dtype=x4.dtype)
+    n1 = x4.shape[1]
+    hd = x4.shape[-1]
+    per = max(1, x4.size // max(n1, 1))
+    step = max(1, min(n1, _HOST_BLOCK_ELEMS // per))
+    half = rd // 2
+    if interleaved:
+        # complex64 for float32 X, complex128 for float64 X (a view of X's pairs)
+        e = np.empty(np.broadcast_shapes(c.shape, s.shape), dtype=np.result_type(x4.dtype, np.complex64))
+        e.real = c
+        e.imag = s
+        c2 = s2 = None
+    else:
+        c2 = np.concatenate([c, c], axis=-1)
+        s2 = np.concatenate([-s, s], axis=-1)
+
+    def block_factors(f, i0, i1):
+        # 4-D: factors broadcast over heads; 3-D: they follow the positions of axis 1
+        return f if f.shape[1] == 1 else f[:, i0:i1]
+
+    def work(lo, hi):  # blocks of axis 1 in [lo, hi)
+        tmp = None
+        for i0 in range(lo, hi, step):
+            i1 = min(hi, i0 + step)
+            xb, yb = x4[:, i0:i1], y[:, i0:i1]
+            xr, yr = xb[..., :rd], yb[..., :rd]
+            if interleaved:
+                np.multiply(xr.view(e.dtype), block_factors(e, i0, i1), out=yr.view(e.dtype))
+            else:
+                if tmp is None:
+                    tmp = np.empty(xb.shape[:-1] + (rd,), dtype=y.dtype)
+                t = tmp[:, :i1 - i0]
+                split = xr.shape[:-1] + (2, half)
+                np.copyto(t.reshape(split), xr.reshape(split)[..., ::-1, :])
+                np.multiply(t, block_factors(s2, i0, i1), out=t)
+                np.multiply(xr, block_factors(c2, i0, i1), out=yr)
+                yr += t
+            if rd < hd:
+                yb[..., rd:] = xb[..., rd:]
+
+    if y.size:
+        # one thread: the passes are cheap next to streaming X in and Y out, and on the
+        # 2-core host a second thread measured no faster (memory-bound), often slower
+        work(0, n1)
+    return y
