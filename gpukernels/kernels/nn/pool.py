@@ -36,7 +36,8 @@ from . import _spatial as sp
 
 _POOL_BLOCK_BYTES = 512 * 1024
 _DENSE_BLOCK_BYTES = 256 * 1024  # host max pooling: a block and its two scratch copies stay in L2
-_DENSE_THREAD_BYTES = 1 << 20  # host max pooling: input bytes per thread before splitting over threads
+# host max pooling: input bytes per thread before splitting over threads (high: see conv.py)
+_DENSE_THREAD_BYTES = 1 << 25
 
 
 # ------------------------------------------------------------------ geometry
