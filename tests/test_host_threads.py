@@ -162,3 +162,18 @@ def test_scatternd_large_matches_single_thread(monkeypatch, rng):
     want = data.copy()
     want[idx[:, 0]] = upd
     np.testing.assert_array_equal(out["4"], want)
+
+
+@pytest.mark.parametrize("shape, perm", [((64, 128, 256), (0, 2, 1)), ((3, 1030, 700), (1, 2, 0)),
+                                         ((2048, 1100), (1, 0))])
+def test_threaded_transpose_is_exact(monkeypatch, rng, shape, perm):
+    """Transpose's tiled host copy split over threads along the output's first axis."""
+    from gpukernels.kernels import KernelContext
+    from gpukernels.kernels.tensor.shape_ops import Transpose
+
+    x = rng.standard_normal(shape).astype(np.float32)
+    expected = np.ascontiguousarray(x.transpose(perm))
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
+        y = Transpose(KernelContext("cpu"))(x, perm=list(perm)).numpy()
+        assert y.flags.c_contiguous and np.array_equal(y, expected)

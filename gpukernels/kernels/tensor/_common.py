@@ -10,7 +10,7 @@ import onnx
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import host_empty, is_cupy_array, to_host
+from ...xp import host_empty, is_cupy_array, parallel_ranges, to_host
 
 
 def host_ints(kernel, t: Tensor, name: str) -> list[int]:
@@ -145,6 +145,11 @@ def permuted_copy(xp, view):
     if n < 2 * TRANSPOSE_TILE or view.size < (1 << 20) or abs(view.strides[-1]) < 128:
         return np.ascontiguousarray(view)
     out = host_empty(view.shape, view.dtype)
-    for a in range(0, n, TRANSPOSE_TILE):
-        np.copyto(out[..., a:a + TRANSPOSE_TILE], view[..., a:a + TRANSPOSE_TILE])
+
+    def rows(lo, hi):  # output rows [lo, hi) of axis 0, tile by tile
+        for a in range(0, n, TRANSPOSE_TILE):
+            np.copyto(out[lo:hi, ..., a:a + TRANSPOSE_TILE], view[lo:hi, ..., a:a + TRANSPOSE_TILE])
+
+    # several host threads when each gets at least 1M elements (a copy of a few ms)
+    parallel_ranges(view.shape[0], -(-(1 << 20) // max(1, view[0].size)), rows)
     return out
