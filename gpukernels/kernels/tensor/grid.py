@@ -12,16 +12,19 @@ even and saturated.
 
 The index maps and tap weights are computed once per call, for all channels, with array
 operations.  A tap outside the input under 'zeros' padding reads a clamped index with
-weight 0.  On the host, linear and cubic modes gather each tap for a block of channels
-of one batch entry straight from the channels-first input (np.take along the flattened
-spatial axis: the output points run along the contiguous axis, so the weighting is long
-contiguous multiply-adds), accumulating the taps in place in the output; blocks run over
-the host threads.  Elsewhere (nearest, a GPU) the input is transposed to channels-last
+weight 0.  On the host, linear and cubic modes gather all taps of a block of channels of
+one batch entry straight from the channels-first input with one np.take along the
+flattened spatial axis (the output points run along the contiguous axis), and one einsum
+sums them with their weights into the output rows; work units (groups of batch entries,
+or channel blocks of a single entry) go to the host threads as they come free.  Elsewhere (nearest, a GPU) the input is transposed to channels-last
 once, one gather fetches the channel vectors of every tap of a chunk of output points,
 one einsum sums them with their weights, and the result is transposed back once.
 """
 
 from __future__ import annotations
+
+import itertools
+import threading
 
 import numpy as np
 
@@ -34,8 +37,9 @@ from ._common import host_ints, permuted_copy, product, xp_for
 
 _MODE_ALIASES = {"bilinear": "linear", "bicubic": "cubic"}
 _GATHER_CHUNK = 1 << 20  # elements of gathered taps held at once
-_HOST_BLOCK = 1 << 17  # elements of one tap's (channels, points) block on the host
+_HOST_BLOCK = 1 << 17  # elements of one (channels, taps, points) gather buffer on the host
 _TAPS_POINTS = 1 << 13  # grid points whose taps the host computes at once (cache-sized)
+_THREAD_WORK = 1 << 20  # gathered tap elements (~1 ms) per extra host thread
 
 
 def _taps(xp, gc, S, mode, padding_mode, align_corners):
@@ -96,8 +100,9 @@ def _taps(xp, gc, S, mode, padding_mode, align_corners):
 
 def _linear_taps_host(gc, S, padding_mode, align_corners):
     """_taps for linear mode with zeros or border padding, all axes at once and in fewer
-    array operations (the same values): lin and weight as (2 ** r, N, M), taps in
-    row-major order of the spatial axes."""
+    array operations (the same values): lin and weight as (N, 2 ** r, M), taps in
+    row-major order of the spatial axes (each batch entry's taps contiguous, for one
+    gather of all of them)."""
     N, M, r = gc.shape
     # (r, N, M) coordinates, spatial axis k first; L (r, 1, 1) the axis lengths
     c = np.ascontiguousarray(gc[..., ::-1].transpose(2, 0, 1))
@@ -113,88 +118,112 @@ def _linear_taps_host(gc, S, padding_mode, align_corners):
     if padding_mode == "border":
         np.clip(c, 0, L - 1, out=c)
     f = np.floor(c)
-    w1 = c
-    w1 -= f  # fractional part: weight of the upper tap
-    w0 = 1 - w1
+    # (r, N, 2, M): the lower and upper tap along each axis, their positions and weights
+    pos = np.empty((r, N, 2, M), dtype=gc.dtype)
+    pos[:, :, 0] = f
+    np.add(f, 1, out=pos[:, :, 1])
+    w = np.empty((r, N, 2, M), dtype=gc.dtype)
+    np.subtract(c, f, out=w[:, :, 1])  # fractional part: weight of the upper tap
+    np.subtract(1, w[:, :, 1], out=w[:, :, 0])
+    # clamped positions (fmax/fmin: a NaN coordinate reads index 0); a tap is inside when
+    # clamping left it alone
+    clamped = np.fmax(pos, 0)
+    np.fmin(clamped, L[..., None] - 1, out=clamped)
     if padding_mode == "zeros":  # (where, not a product: 0 also for a NaN coordinate)
-        w0 = np.where((f >= 0) & (f <= L - 1), w0, 0).astype(w0.dtype, copy=False)
-        w1 = np.where((f >= -1) & (f <= L - 2), w1, 0).astype(w1.dtype, copy=False)
-    strides = np.array([product(S[k + 1:]) for k in range(r)], dtype=np.int64).reshape(r, 1, 1)
-    i0 = np.clip(f, 0, L - 1).astype(np.int64)
-    f += 1
-    i1 = np.clip(f, 0, L - 1).astype(np.int64)
-    i0 *= strides
-    i1 *= strides
-    K = 1 << r
-    lin = np.empty((K, N, M), dtype=np.int64)
-    weight = np.empty((K, N, M), dtype=gc.dtype)
-    for b in range(K):
-        # bit r - 1 - k of b picks the lower or upper tap along spatial axis k
-        picks = [(i1, w1) if (b >> (r - 1 - k)) & 1 else (i0, w0) for k in range(r)]
-        if r == 1:
-            lin[b] = picks[0][0][0]
-            weight[b] = picks[0][1][0]
-            continue
-        # the same product order as _taps: axis 0 first
-        np.add(picks[0][0][0], picks[1][0][1], out=lin[b])
-        np.multiply(picks[0][1][0], picks[1][1][1], out=weight[b])
-        for k in range(2, r):
-            lin[b] += picks[k][0][k]
-            weight[b] *= picks[k][1][k]
+        w = np.where(clamped == pos, w, 0).astype(w.dtype, copy=False)
+    idx = clamped.astype(np.int64)
+    for k in range(r - 1):
+        idx[k] *= product(S[k + 1:])
+    # the taps of all axes by broadcasting, axis 0 slowest; weights multiplied axis 0 first
+    lin, weight = idx[0], w[0]
+    for k in range(1, r):
+        lin = np.add(lin[:, :, None], idx[k][:, None]).reshape(N, -1, M)
+        weight = np.multiply(weight[:, :, None], w[k][:, None]).reshape(N, -1, M)
     return lin, weight
+
+
+def _host_units(units: int, work: int, fn) -> None:
+    """fn(u) for u in range(units), in order, the units handed out one at a time to the
+    host threads as they come free (a thread that starts late -- an idle core wakes
+    slowly -- just takes fewer).  Threads only for work (elements gathered) worth it."""
+    workers = min(units, max(1, work // _THREAD_WORK))
+    if workers <= 1:
+        for u in range(units):
+            fn(u)
+        return
+    counter = itertools.count()
+    lock = threading.Lock()
+
+    def loop(lo, hi):
+        while True:
+            with lock:
+                u = next(counter)
+            if u >= units:
+                return
+            fn(u)
+
+    parallel_ranges(workers, 1, loop)
 
 
 def _sample_host(src, gc, S, mode, padding_mode, align_corners, out_dtype):
     """Linear/cubic GridSample on the host: out (N, C, M) from src (N, C, P) and grid
     points gc (N, M, r).
 
-    Work is split over the host threads by batch entries (each computing its own taps),
-    or for a single entry by blocks of channels.  Per batch entry and block of channels,
-    each tap is gathered from the channels-first planes (np.take along the flat spatial
-    axis; the indices are already in range, and mode 'wrap' is the cheapest check) into a
-    (channels, points) buffer, weighted and accumulated into the output rows in place."""
+    Per batch entry and block of channels, one gather fetches every tap from the
+    channels-first planes (np.take along the flat spatial axis of the (K * M,) tap
+    indices) into a (channels, K, M) buffer, and one einsum sums the taps with their weights straight into
+    the output rows (one pass, the taps added in order).  Work units -- groups of batch
+    entries computing their taps together, or for a single entry blocks of channels --
+    go to the host threads as they come free."""
     N, C, _ = src.shape
     M = gc.shape[1]
     out = np.empty((N, C, M), dtype=out_dtype)
-    cb = max(1, min(C, _HOST_BLOCK // max(1, M)))  # channels per block
+    K = (2 if mode == "linear" else 4) ** len(S)
+    cb = max(1, min(C, _HOST_BLOCK // max(1, K * M)))  # channels per block
     nblk = -(-C // cb)
+    work = N * C * M * K
+
+    # the lean linear taps are always in range ('wrap' is then the cheapest check); _taps
+    # casts a NaN coordinate's position to an arbitrary integer (weight 0): 'clip' it
+    lean = mode == "linear" and padding_mode != "reflection"
+    take_mode = "wrap" if lean else "clip"
 
     def taps(lo, hi):
-        if mode == "linear" and padding_mode != "reflection":
+        """(hi - lo, K, M) tap indices and weights of batch entries lo..hi."""
+        if lean:
             return _linear_taps_host(gc[lo:hi], S, padding_mode, align_corners)
         lin, weight, _ = _taps(np, gc[lo:hi], S, mode, padding_mode, align_corners)
-        K = lin.size // ((hi - lo) * M)
-        return lin.reshape(K, hi - lo, M), weight.reshape(K, hi - lo, M)
+        return (lin.reshape(K, hi - lo, M).transpose(1, 0, 2).copy(),
+                weight.reshape(K, hi - lo, M).transpose(1, 0, 2))
 
-    def accumulate(n, lin, weight, b0, b1, tmp):
+    local = threading.local()  # one gather buffer per host thread
+
+    def sample(n, lin, weight, b0, b1):
         """Channel blocks b0..b1 of batch entry n, with lin/weight (K, M) of that entry."""
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = np.empty(cb * K * M, dtype=out_dtype)
+        idx = lin.reshape(-1)
         for b in range(b0, b1):
             c0, c1 = b * cb, min(C, (b + 1) * cb)
-            x, acc, t = src[n, c0:c1], out[n, c0:c1], tmp[:c1 - c0]
-            np.take(x, lin[0], axis=1, out=acc, mode="wrap")
-            acc *= weight[0]
-            for k in range(1, lin.shape[0]):
-                np.take(x, lin[k], axis=1, out=t, mode="wrap")
-                t *= weight[k]
-                acc += t
+            g = buf[:(c1 - c0) * K * M].reshape(c1 - c0, K * M)
+            np.take(src[n, c0:c1], idx, axis=1, out=g, mode=take_mode)
+            np.einsum("km,ckm->cm", weight, g.reshape(c1 - c0, K, M), out=out[n, c0:c1])
 
     if N > 1:
-        group = max(1, _TAPS_POINTS // M)  # batch entries whose taps are computed together
+        # units: groups of batch entries whose taps are computed together (at least 4 units)
+        group = max(1, min(_TAPS_POINTS // M, N // 4))
 
-        def run(lo, hi):
-            tmp = np.empty((cb, M), dtype=out_dtype)
-            for g0 in range(lo, hi, group):
-                g1 = min(hi, g0 + group)
-                lin, weight = taps(g0, g1)
-                for n in range(g0, g1):
-                    accumulate(n, lin[:, n - g0], weight[:, n - g0], 0, nblk, tmp)
+        def unit(u):
+            g0, g1 = u * group, min(N, (u + 1) * group)
+            lin, weight = taps(g0, g1)
+            for n in range(g0, g1):
+                sample(n, lin[n - g0], weight[n - g0], 0, nblk)
 
-        parallel_ranges(N, 1, run)
+        _host_units(-(-N // group), work, unit)
     else:
         lin, weight = taps(0, 1)
-        parallel_ranges(nblk, max(1, _HOST_BLOCK // (cb * M)),
-                        lambda b0, b1: accumulate(0, lin[:, 0], weight[:, 0], b0, b1,
-                                                  np.empty((cb, M), dtype=out_dtype)))
+        _host_units(nblk, work, lambda b: sample(0, lin[0], weight[0], b, b + 1))
     return out
 
 

@@ -83,12 +83,46 @@ def test_channel_blocks_and_batch_groups(device, rng, N):
     """C * points above the host block: several channel blocks (the last partial); one
     batch entry threads over channel blocks, several over batch entries in groups."""
     M = 64 * 64
-    C = grid_mod._HOST_BLOCK // M + 7
+    C = grid_mod._HOST_BLOCK // (4 * M) + 7  # 4 linear taps per point
     x = rng.standard_normal((N, C, 20, 30)).astype(np.float32)
     grid = rng.uniform(-1.1, 1.1, (N, 64, 64, 2)).astype(np.float32)
     got = run(device, x, grid, mode="linear")
     np.testing.assert_allclose(got, ref_grid_sample(x, grid, "linear", "zeros", 0), rtol=2e-5, atol=2e-5)
 
+
+
+@pytest.mark.parametrize("N,C", [(1, 1), (1, 6), (5, 1), (5, 3), (7, 13)])
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_threaded_units_blocks(device, rng, monkeypatch, N, C, padding, align):
+    """Work units handed to the host threads as they come free (batch-entry groups, or
+    channel blocks of a single entry), small blocks (partial last block), grids partly
+    outside the input, non-contiguous X and grid."""
+    monkeypatch.setattr(grid_mod, "_THREAD_WORK", 1)
+    monkeypatch.setattr(grid_mod, "_HOST_BLOCK", 4 * 35 * 2)  # two channels a block
+    monkeypatch.setattr(grid_mod, "_TAPS_POINTS", 80)  # taps of two entries at once
+    x = rng.standard_normal((N, 2 * C, 6, 9)).astype(np.float32)[:, ::2]
+    grid = rng.uniform(-1.4, 1.4, (N, 7, 5, 2)).astype(np.float32).transpose(0, 2, 1, 3)
+    got = run(device, x, grid, mode="linear", padding_mode=padding, align_corners=align)
+    np.testing.assert_allclose(got, ref_grid_sample(x, grid, "linear", padding, align), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_nan_grid_points_read_zeros(device, rng, mode):
+    """Under zeros padding a NaN coordinate has no taps inside: the output there is 0;
+    the other points are unaffected."""
+    x = rng.standard_normal((3, 4, 6, 7)).astype(np.float32)
+    grid = rng.uniform(-1.2, 1.2, (3, 5, 6, 2)).astype(np.float32)
+    grid[1, 2, 3] = np.nan
+    grid[2, 0, 1, 0] = np.nan
+    with np.errstate(invalid="ignore"):
+        got = run(device, x, grid, mode=mode)
+    nan = np.isnan(grid).any(-1)  # (N, H, W)
+    assert np.all(got.transpose(0, 2, 3, 1)[nan] == 0)
+    clean = np.where(np.isnan(grid), 0, grid)
+    want = ref_grid_sample(x, clean, mode, "zeros", 0)
+    keep = np.broadcast_to(~nan[:, None], got.shape)
+    np.testing.assert_allclose(got[keep], want[keep], rtol=2e-5, atol=2e-5)
 
 @pytest.mark.parametrize("padding", ["zeros", "border"])
 def test_linear_1d_and_3d(device, rng, padding):
@@ -140,12 +174,12 @@ def test_lean_linear_taps_match_general(rng, S, padding, align, dtype):
         lin, w, _ = grid_mod._taps(np, g, S, "linear", padding, align)
         lin2, w2 = grid_mod._linear_taps_host(g, S, padding, align)
     if padding == "zeros":  # a NaN coordinate gives taps of weight 0 (indices unspecified)
-        assert np.all(w2[:, 1, :3] == 0)
+        assert np.all(w2[1, :, :3] == 0)
     K = 2 ** r
     keep = np.ones((3, 50), bool)
     keep[1, :3] = False
-    np.testing.assert_array_equal(lin.reshape(K, 3, 50)[:, keep], lin2[:, keep])
-    np.testing.assert_array_equal(w.reshape(K, 3, 50), w2)
+    np.testing.assert_array_equal(lin.reshape(K, 3, 50)[:, keep], lin2.transpose(1, 0, 2)[:, keep])
+    np.testing.assert_array_equal(w.reshape(K, 3, 50), w2.transpose(1, 0, 2))
 
 
 # ------------------------------------------------------------------ ScatterND
