@@ -403,8 +403,9 @@ class Attention(KernelBase):
 
 # ---------------------------------------------------------------------- host fast path
 # Work on blocks of at most this many score bytes (or attention_block_bytes when
-# smaller): fewer, larger BLAS calls measured faster than cache-sized ones here.
-_HOST_BLOCK_BYTES = 8 << 20
+# smaller): about one 512 x 512 head, so that 2**s and the row sums run in cache
+# (BLAS is called once per head either way).
+_HOST_BLOCK_BYTES = 1 << 20
 # Causal attention: query rows per block (each block multiplies only the keys it sees).
 _HOST_CAUSAL_ROWS = 128
 # Query rows per KV head at or below which scores are computed as K @ q^T (decoding).
@@ -422,12 +423,14 @@ class _HostAttention:
 
     Works through blocks of (batch, KV heads, query rows).  Per block: scores by one
     batched BLAS product with scale * log2(e) folded into Q (K^T is a transposed view,
-    no copy), the causal frontier as a -inf triangle on the trailing square only
-    (earlier keys are visible to every row of the block, later ones are not multiplied
-    at all), E = 2**s in place (exp2 is much cheaper than exp in NumPy), its row sums,
-    and Y = (E @ V) * (1 / sum) (the division on Dv columns instead of T).  Softmax is
-    shift-invariant, so the row max is subtracted only when the sums show that 2**s
-    overflowed or underflowed; that block is then recomputed with the shift.
+    no copy) written into one workspace reused by every block, the causal frontier as a
+    -inf triangle on the trailing square only (earlier keys are visible to every row of
+    the block, later ones are not multiplied at all), E = 2**s in place (exp2 is much
+    cheaper than exp in NumPy; one thread, as waking a second costs more than it saves
+    on blocks this size), its row sums as E @ ones (a BLAS product, faster than np.sum),
+    and Y = (E @ V) * (1 / sum) (the division on Dv columns instead of T).
+    Softmax is shift-invariant, so the row max is subtracted only when the sums show
+    that 2**s overflowed or underflowed; that block is then recomputed with the shift.
     """
 
     def __init__(self, p, cdt, block_bytes):
@@ -439,6 +442,8 @@ class _HostAttention:
         self.cdt = cdt
         self.scale2 = cdt.type(p["scale"] * _LOG2E)
         self.block_bytes = block_bytes
+        self.work = None  # score workspace, flat; allocated by run()
+        self.ones = None  # (T, 1) ones: row sums as a matrix product
 
     def _blocks(self):
         """(query rows per block, KV heads per block)."""
@@ -457,6 +462,9 @@ class _HostAttention:
         V4 = np.ascontiguousarray(Vc)
         Y5 = Y.reshape(B, Hkv, G, Sq, self.Dv)
         n, hb = self._blocks()
+        if G * n > _FEW_ROWS:  # the few-rows path (decoding) makes its own small arrays
+            self.work = np.empty(hb * G * n * self.T, dtype=self.cdt)
+        self.ones = np.ones((self.T, 1), dtype=self.cdt)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             for b in range(B):
                 for h0 in range(0, Hkv, hb):
@@ -475,8 +483,8 @@ class _HostAttention:
         if G * n <= _FEW_ROWS:  # decoding: K @ q^T runs as a fast matrix-vector-like product
             st = np.matmul(Kb, qs.transpose(0, 2, 1).copy())  # (h, Tb, G*n)
             s = np.ascontiguousarray(st.transpose(0, 2, 1))
-        else:
-            s = np.matmul(qs, Kb.transpose(0, 2, 1))  # BLAS reads K^T through the view
+        else:  # BLAS reads K^T through the view and writes into the workspace
+            s = np.matmul(qs, Kb.transpose(0, 2, 1), out=self.work[:h * G * n * Tb].reshape(h, G * n, Tb))
         j0 = r0 + self.offset + 1  # keys below j0 are visible to every row of the block
         if self.causal and j0 < Tb:
             i = np.arange(r0, r1).reshape(-1, 1) + self.offset
@@ -488,8 +496,8 @@ class _HostAttention:
     def _block(self, q, K, V, y, r0, r1):
         h, G, n, _ = q.shape
         s, Tb = self._scores(q, K, r0, r1)
-        _exp2_inplace(s)
-        tot = np.sum(s, axis=-1)  # (h, G*n) row sums
+        np.exp2(s, out=s)  # one thread: waking a second one costs more than it saves here
+        tot = np.matmul(s, self.ones[:Tb])  # (h, G*n, 1) row sums
         out = None
         if bool(np.all((tot > _SUM_LO) & (tot < _SUM_HI))):
             out = np.matmul(s, V[:, :Tb])  # (h, G*n, Dv)
@@ -500,16 +508,7 @@ class _HostAttention:
             m = np.max(s, axis=-1, keepdims=True)
             s -= m  # no row is fully masked here, so m is finite unless inputs are not
             np.exp2(s, out=s)
-            tot = np.sum(s, axis=-1)
+            tot = np.sum(s, axis=-1, keepdims=True)
             out = np.matmul(s, V[:, :Tb])
         np.reciprocal(tot, out=tot)
         np.multiply(out.reshape(h, G, n, self.Dv), tot.reshape(h, G, n, 1), out=y)
-
-
-def _exp2_inplace(s):
-    """s <- 2**s (s contiguous), split over the host threads when large."""
-    from ...xp import parallel_ranges
-
-    flat = s.reshape(-1)
-    parallel_ranges(flat.size, 1 << 16, lambda lo, hi: np.exp2(flat[lo:hi], out=flat[lo:hi]))
-

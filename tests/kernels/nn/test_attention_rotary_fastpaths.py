@@ -156,6 +156,33 @@ def test_attention_fast_path_large_v(rng, count_fast):
     np.testing.assert_allclose(got, attention_ref(Q, K, V), rtol=1e-4)
 
 
+def softmax_attention64(Q, K, V, causal=0):
+    """float64 Y for 4-D inputs (grouped heads, no past), vectorised with the max shift."""
+    Q, K, V = (np.asarray(a, np.float64) for a in (Q, K, V))
+    G = Q.shape[1] // K.shape[1]
+    K, V = np.repeat(K, G, axis=1), np.repeat(V, G, axis=1)
+    s = Q @ K.transpose(0, 1, 3, 2) / np.sqrt(Q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ V
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_fast_path_default_blocks(rng, count_fast, causal):
+    """Default block sizes with several head and row blocks sharing the score workspace,
+    one block (of a middle head, second row block) redone with the shift."""
+    Hkv, G, Sq, T = 3, 2, 300, 600
+    Q, K, V = rand(rng, 1, Hkv * G, Sq, 16), rand(rng, 1, Hkv, T, 16), rand(rng, 1, Hkv, T, 8)
+    Q[0, 2, 250:] *= 60  # KV head 1, rows 250+: 2**s overflows float32
+    p = dict(B=1, q_heads=Hkv * G, kv_heads=Hkv, Sq=Sq, T=T, D=16, Dv=8, is_causal=causal, P=0, scale=0.25)
+    n, hb = attention_mod._HostAttention(p, np.dtype(np.float32), attention_mod._HOST_BLOCK_BYTES)._blocks()
+    assert n < Sq and hb < Hkv  # the case covers several blocks of each kind
+    got = att()(Q, K, V, is_causal=causal).Y.numpy()
+    assert count_fast
+    np.testing.assert_allclose(got, softmax_attention64(Q, K, V, causal), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float16, 2e-3), (ml_dtypes.bfloat16, 2e-2)])
 def test_attention_fast_path_dtypes(rng, small_blocks, count_fast, dtype, tol):
     Q, K, V = (rand(rng, 1, 4, 9, 8).astype(dtype) for _ in range(3))
