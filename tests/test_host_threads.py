@@ -177,3 +177,50 @@ def test_threaded_transpose_is_exact(monkeypatch, rng, shape, perm):
         monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
         y = Transpose(KernelContext("cpu"))(x, perm=list(perm)).numpy()
         assert y.flags.c_contiguous and np.array_equal(y, expected)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("last", [0, 1])
+def test_threaded_arg_reductions_are_exact(monkeypatch, rng, op, axis, last):
+    """ArgMax/ArgMin split over host threads along another axis; ties (many, from
+    rounding to a coarse grid) resolved as on one thread; NaN wins as in NumPy."""
+    from gpukernels.kernels import KernelContext
+    from gpukernels.kernels.math import reductions
+
+    monkeypatch.setattr(reductions, "_PICK_THREAD_ITEMS", 1 << 12)
+    x = np.round(rng.standard_normal((37, 300, 5)) * 4).astype(np.float32)
+    x[3, 7, 2] = np.nan
+    ref_x = np.flip(x, axis) if last else x
+    pick = np.argmax if op == "ArgMax" else np.argmin
+    expected = pick(ref_x, axis=axis)
+    if last:
+        expected = x.shape[axis] - 1 - expected
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
+        kernel = getattr(reductions, op)(KernelContext("cpu"))
+        y = kernel(x, axis=axis, keepdims=0, select_last_index=last).numpy()
+        assert y.dtype == np.int64 and np.array_equal(y, expected)
+
+
+@pytest.mark.parametrize("onesided, inverse", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("channels", [1, 2])
+def test_threaded_dft_matches_float64_reference(monkeypatch, rng, onesided, inverse, channels):
+    """DFT with the signals split over host threads, against numpy.fft in float64."""
+    from gpukernels.kernels import KernelContext
+    from gpukernels.kernels.signal import dft
+
+    monkeypatch.setattr(dft, "_THREAD_ITEMS", 64)
+    x = rng.standard_normal((7, 40, channels)).astype(np.float32)
+    sig = x[..., 0] + (1j * x[..., 1] if channels == 2 else 0)
+    if onesided and inverse:
+        ref = np.fft.irfft(sig, n=78, axis=1)[..., None]
+    else:
+        full = np.fft.ifft(sig, axis=1) if inverse else np.fft.fft(sig, axis=1)
+        if onesided:
+            full = full[:, :21]
+        ref = np.stack([full.real, full.imag], axis=-1)
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
+        y = dft.DFT(KernelContext("cpu", 20))(x, onesided=onesided, inverse=inverse).numpy()
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)

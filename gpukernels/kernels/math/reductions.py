@@ -254,6 +254,31 @@ class ReduceLogSumExp(_Reduce):
         return xp.log(s) + shift
 
 
+_PICK_THREAD_ITEMS = 1 << 20  # input elements per host thread before an arg-reduction is split
+
+
+def _host_pick(pick, x, axis):
+    """pick(np, x, axis), with the slices of another axis split over host threads when
+    the input is large (each thread gets _PICK_THREAD_ITEMS elements or more)."""
+    split = 0 if axis != 0 else 1
+    if x.ndim < 2 or x.size < 2 * _PICK_THREAD_ITEMS:
+        return pick(np, x, axis)
+    out_shape = x.shape[:axis] + x.shape[axis + 1:]
+    out = np.empty(out_shape, np.intp)
+    n = x.shape[split]
+    out_axis = split if split < axis else split - 1
+
+    def part(lo, hi):
+        src = [slice(None)] * x.ndim
+        src[split] = slice(lo, hi)
+        dst = [slice(None)] * len(out_shape)
+        dst[out_axis] = slice(lo, hi)
+        out[tuple(dst)] = pick(np, x[tuple(src)], axis)
+
+    parallel_ranges(n, max(1, -(-_PICK_THREAD_ITEMS // max(1, x.size // n))), part)
+    return out
+
+
 class _Arg(KernelBase):
     def __call__(self, data, axis=0, keepdims=1, select_last_index=0):
         x = self.tensor(data, "data")
@@ -269,6 +294,8 @@ class _Arg(KernelBase):
         if select_last_index:
             idx = self.pick(xp, xp.flip(xc, axis=axis), axis)
             idx = (n - 1) - idx
+        elif xp is np:
+            idx = _host_pick(self.pick, xc, axis)
         else:
             idx = self.pick(xp, xc, axis)
         idx = xp.asarray(idx).astype(np.int64, copy=False)

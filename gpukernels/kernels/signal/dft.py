@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
 
 
@@ -36,6 +37,40 @@ def _stack(xp, y, real_only=False):
     if real_only:
         return y[..., None]
     return xp.stack([y.real, y.imag], axis=-1)
+
+
+_THREAD_ITEMS = 1 << 16  # signal elements per host thread before a DFT is split over threads
+
+
+def _transform(xp, sig, n, ax, inverse, onesided, is_complex):
+    """The DFT of the complex-or-real signal array along ax, as a [..., 1|2] array."""
+    fft = xp.fft
+    if onesided and inverse:
+        if not is_complex:
+            sig = sig.astype(np.complex128 if sig.dtype == np.float64 else np.complex64)
+        y = fft.irfft(sig, n=n, axis=ax)
+        out = _stack(xp, y, real_only=True)
+    elif onesided:
+        if is_complex:
+            y = fft.fft(sig, n=n, axis=ax)
+            y = xp.take(y, xp.arange(n // 2 + 1), axis=ax)
+        else:
+            y = fft.rfft(sig, n=n, axis=ax)
+        out = _stack(xp, y)
+    else:
+        y = fft.ifft(sig, n=n, axis=ax) if inverse else fft.fft(sig, n=n, axis=ax)
+        out = _stack(xp, y)
+    return out
+
+
+def _host_split(sig, transform):
+    """transform(sig) with the signals of axis 0 split over host threads (NumPy's FFT
+    releases the GIL); each thread gets _THREAD_ITEMS elements or more."""
+    parts = {}
+    per_signal = max(1, sig.size // sig.shape[0])
+    parallel_ranges(sig.shape[0], max(1, -(-_THREAD_ITEMS // per_signal)),
+                    lambda lo, hi: parts.__setitem__(lo, transform(sig[lo:hi])))
+    return np.concatenate([parts[k] for k in sorted(parts)], axis=0)
 
 
 @register()
@@ -75,22 +110,10 @@ class DFT(KernelBase):
         xp = self.xp
         xc = self.to_compute(x)
         sig, is_complex = _to_complex(xp, xc)
-        fft = xp.fft
-        if onesided and inverse:
-            if not is_complex:
-                sig = sig.astype(np.complex128 if xc.dtype == np.float64 else np.complex64)
-            y = fft.irfft(sig, n=n, axis=ax)
-            out = _stack(xp, y, real_only=True)
-        elif onesided:
-            if is_complex:
-                y = fft.fft(sig, n=n, axis=ax)
-                y = xp.take(y, xp.arange(n // 2 + 1), axis=ax)
-            else:
-                y = fft.rfft(sig, n=n, axis=ax)
-            out = _stack(xp, y)
+        if xp is np and ax != 0 and sig.shape[0] > 1 and sig.size >= _THREAD_ITEMS:
+            out = _host_split(sig, lambda part: _transform(xp, part, n, ax, inverse, onesided, is_complex))
         else:
-            y = fft.ifft(sig, n=n, axis=ax) if inverse else fft.fft(sig, n=n, axis=ax)
-            out = _stack(xp, y)
+            out = _transform(xp, sig, n, ax, inverse, onesided, is_complex)
         return self.from_compute(out.astype(xc.dtype, copy=False), x.data_type)
 
 
