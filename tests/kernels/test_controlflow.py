@@ -17,7 +17,8 @@ from gpukernels.kernels.base import schema_versions
 from gpukernels.tensor import Optional, Sequence, Tensor
 
 load_all()
-from gpukernels.kernels.controlflow import If, Loop, Scan  # noqa: E402
+from gpukernels.kernels.controlflow import If, Loop  # noqa: E402
+from gpukernels.kernels.scan import Scan  # noqa: E402
 
 
 def vi(name, et, shape=None):
