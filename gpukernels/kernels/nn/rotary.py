@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...xp import host_empty
 from ..base import KernelBase, register
 
 
@@ -132,7 +133,7 @@ def _rotate_host(x4, c, s, rd, interleaved):
     y = X * [cos, cos], y += t.
     """
     x4 = np.ascontiguousarray(x4)  # complex views need a contiguous last axis
-    y = np.empty(x4.shape, dtype=x4.dtype)
+    y = host_empty(x4.shape, x4.dtype)  # a reusable buffer: no page faults on repeated calls
     n1 = x4.shape[1]
     hd = x4.shape[-1]
     per = max(1, x4.size // max(n1, 1))
