@@ -13,6 +13,7 @@ from ..errors import ModelError
 from ..kernels.base import KernelContext
 from ..tensor import Optional, Sequence, Tensor, to_host_value
 from ..xp import Device, require
+from .body import CompiledGraph
 from .graph import PreparedGraph, functions_of
 
 
@@ -67,6 +68,9 @@ class Session:
         self.input_names = [i.name for i in self.inputs]
         self.output_names = [o.name for o in self.outputs]
         self._input_types = {i.name: i.type for i in self.model.graph.input}
+        # repeated runs with the same input types and shapes go through a compiled plan
+        # (see runtime.body.CompiledGraph); the option compile_graph=False turns it off
+        self._compiled = CompiledGraph(self.graph) if self.ctx.option("compile_graph", True) else None
 
     def feed(self, name: str, value):
         """Convert a user value for input name into a runtime value on the device."""
@@ -83,6 +87,10 @@ class Session:
         if missing:
             raise ModelError(f"missing input(s) {missing}")
         values = {name: self.feed(name, v) for name, v in feeds.items()}
+        if observer is None and self._compiled is not None:
+            outs = self._compiled.run(values)
+            if outs is not None:
+                return outs
         return self.graph.run(values, observer=observer)
 
     def run(self, output_names, feeds: dict, observer=None) -> list:
