@@ -195,20 +195,6 @@ __device__ __forceinline__ T* y_row(T* y, const Args& a, int rho) {
   return y + (i64)a.b * a.sYb + (i64)h * a.sYh + (i64)i * a.sYs;
 }
 
-template <int N>
-__device__ __forceinline__ void lds(const float* p, float (&out)[N]) {
-  if constexpr (N == 4) {
-    float4 v = *reinterpret_cast<const float4*>(p);
-    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
-  } else if constexpr (N == 2) {
-    float2 v = *reinterpret_cast<const float2*>(p);
-    out[0] = v.x; out[1] = v.y;
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = p[i];
-  }
-}
-
 // Online softmax update of one row: x[] are this thread's scores of the row (masked ones
 // -inf), reduced over `width` lanes (xor butterflies below width).  Returns alpha, the factor
 // that rescales the previous accumulator; x[] become the probabilities.
@@ -334,8 +320,8 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
 #pragma unroll 4
     for (int d = 0; d < a.D; ++d) {
       float aq[TM], bk[TN];
-      lds<TM>(Qs + d * QLD + ty * TM, aq);
-      lds<TN>(Ks + d * KLD + tx * TN, bk);
+      gk::lds<TM>(Qs + d * QLD + ty * TM, aq);
+      gk::lds<TN>(Ks + d * KLD + tx * TN, bk);
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -359,11 +345,11 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
 #pragma unroll 4
     for (int c = 0; c < BN; ++c) {
       float ap[TM];
-      lds<TM>(Ps + c * QLD + ty * TM, ap);
+      gk::lds<TM>(Ps + c * QLD + ty * TM, ap);
 #pragma unroll
       for (int qd = 0; qd < NQ; ++qd) {
         float vv[4];
-        lds<4>(Vs + c * VLD + qd * 64 + tx * 4, vv);
+        gk::lds<4>(Vs + c * VLD + qd * 64 + tx * 4, vv);
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -405,6 +391,22 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
 }
 
 // ====================================================================== half / bfloat16
+// One 8-element chunk of a row into shared memory: elements d.. of src (nullptr: a row
+// past the end), zero past the row length n.  With vec_ok (16-byte aligned rows) one
+// cp.async that zero-fills when nothing is read (from base, a valid address); else
+// element by element.
+template <class T>
+__device__ __forceinline__ void copy_chunk8(T* dst, const T* src, const T* base, int d, int n, bool vec_ok) {
+  if (vec_ok) {
+    const bool ok = src != nullptr && d < n;
+    gk::cp_async_16(dst, ok ? src : base, ok ? 16 : 0);
+  } else {
+    const T zero = gk::from_float<T>(0.0f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dst[e] = (src != nullptr && d + e < n) ? src[e] : zero;
+  }
+}
+
 // NW warps; warp w owns rows w*16 .. +16 of the block (BM = 16 NW).  Per key tile:
 // S (16 x BN) = Q K^T with m16n8k16 (A = Q from ldmatrix, B = K rows from ldmatrix), the
 // online softmax on the accumulator fragments (a row spans the 4 lanes of a quad), then
@@ -428,7 +430,6 @@ __global__ void __launch_bounds__(NW * 32) gk_attn_tc(
   const int rho0 = a.rb * BM;
   const int dpad = (a.D + 15) & ~15, dvpad = (a.Dv + 15) & ~15;
   const int dch = dpad >> 3, dvch = dvpad >> 3;  // 8-element chunks per row
-  const T zero = gk::from_float<T>(0.0f);
 
   // rows [rho0, rho0 + BM) of Q into Qs
   for (int idx = tid; idx < BM * dch; idx += NT) {
@@ -440,13 +441,7 @@ __global__ void __launch_bounds__(NW * 32) gk_attn_tc(
       int i = rho / a.G, h = a.hk * a.G + rho % a.G;
       src = q + (i64)a.b * a.sQb + (i64)h * a.sQh + (i64)i * a.sQs + d;
     }
-    if (a.vec_ok) {
-      bool ok = src != nullptr && d < a.D;
-      gk::cp_async_16(dst, ok ? src : q, ok ? 16 : 0);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = (src != nullptr && d + e < a.D) ? src[e] : zero;
-    }
+    copy_chunk8(dst, src, q, d, a.D, a.vec_ok);
   }
   auto load_tile = [&](int t, int buf) {
     const int j0 = t * BN;
@@ -456,25 +451,13 @@ __global__ void __launch_bounds__(NW * 32) gk_attn_tc(
       int c = idx / dch, d = (idx % dch) * 8, j = j0 + c;
       T* dst = kd + c * LD + d;
       const T* src = j < a.T ? kv_row(k, pk, a, j, a.D, a.sKb, a.sKh, a.sKs) + d : nullptr;
-      if (a.vec_ok) {
-        bool ok = src != nullptr && d < a.D;
-        gk::cp_async_16(dst, ok ? src : k, ok ? 16 : 0);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dst[e] = (src != nullptr && d + e < a.D) ? src[e] : zero;
-      }
+      copy_chunk8(dst, src, k, d, a.D, a.vec_ok);
     }
     for (int idx = tid; idx < BN * dvch; idx += NT) {
       int c = idx / dvch, d = (idx % dvch) * 8, j = j0 + c;
       T* dst = vd + c * LD + d;
       const T* src = j < a.T ? kv_row(v, pv, a, j, a.Dv, a.sVb, a.sVh, a.sVs) + d : nullptr;
-      if (a.vec_ok) {
-        bool ok = src != nullptr && d < a.Dv;
-        gk::cp_async_16(dst, ok ? src : v, ok ? 16 : 0);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dst[e] = (src != nullptr && d + e < a.Dv) ? src[e] : zero;
-      }
+      copy_chunk8(dst, src, v, d, a.Dv, a.vec_ok);
     }
   };
 

@@ -70,20 +70,6 @@ __device__ __forceinline__ i64 y_offset(i64 p, i64 npix, int M, i64 opix) {
   return n * M * opix + (p - n * opix);
 }
 
-template <int N>
-__device__ __forceinline__ void lds(const float* p, float* out) {
-  if constexpr (N == 4) {
-    float4 v = *reinterpret_cast<const float4*>(p);
-    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
-  } else if constexpr (N == 2) {
-    float2 v = *reinterpret_cast<const float2*>(p);
-    out[0] = v.x; out[1] = v.y;
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = p[i];
-  }
-}
-
 __device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half*) {
   gk::mma_m16n8k16_f16(d, a, b, d);
 }
@@ -145,10 +131,10 @@ __global__ void __launch_bounds__(256, 2) gk_conv_simt(const float* __restrict__
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
       float a[2 * AH], b[8];
-      lds<AH>(&As[buf][k][ty * AH], a);
-      lds<AH>(&As[buf][k][BM / 2 + ty * AH], a + AH);
-      lds<4>(&Bs[buf][k][tx * 4], b);
-      lds<4>(&Bs[buf][k][64 + tx * 4], b + 4);
+      gk::lds<AH>(&As[buf][k][ty * AH], a);
+      gk::lds<AH>(&As[buf][k][BM / 2 + ty * AH], a + AH);
+      gk::lds<4>(&Bs[buf][k][tx * 4], b);
+      gk::lds<4>(&Bs[buf][k][64 + tx * 4], b + 4);
 #pragma unroll
       for (int i = 0; i < 2 * AH; ++i)
 #pragma unroll

@@ -61,6 +61,21 @@ template <class T, int N>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
+// N floats from shared memory at p (one float4 / float2 load when N is 4 / 2; p aligned).
+template <int N>
+__device__ __forceinline__ void lds(const float* p, float* out) {
+  if constexpr (N == 4) {
+    float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+  } else if constexpr (N == 2) {
+    float2 v = *reinterpret_cast<const float2*>(p);
+    out[0] = v.x; out[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = p[i];
+  }
+}
+
 template <class T, int N>
 __device__ __forceinline__ void load_as_float(const T* p, float (&out)[N]) {
   Vec<T, N> v = load_vec<T, N>(p);
