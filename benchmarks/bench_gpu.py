@@ -146,23 +146,8 @@ def run_selftests(env, rng):
         record("selftest", "barriers / dynamic shared / atomics", False, repr(exc)[:120])
     for kind in ("f16", "bf16", "tf32"):
         try:
-            if kind == "tf32":
-                A = rng.standard_normal((16, 8)).astype(np.float32)
-                B = rng.standard_normal((8, 16)).astype(np.float32)
-
-                def rnd(m):
-                    u = m.view(np.uint32).astype(np.uint64)
-                    return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
-            else:
-                A = rng.standard_normal((16, 16)).astype(np.float32)
-                B = rng.standard_normal((16, 16)).astype(np.float32)
-                t = np.float16 if kind == "f16" else ml_dtypes.bfloat16
-
-                def rnd(m):
-                    return m.astype(t).astype(np.float32)
-            C = rng.standard_normal((16, 16)).astype(np.float32)
+            A, B, C, want = selftest.mma_case(rng, kind)
             D = selftest.run_mma(be, kind, A, B, C)
-            want = rnd(A).astype(np.float64) @ rnd(B).astype(np.float64) + C
             err = float(np.max(np.abs(D - want)))
             record("selftest", f"mma layer {kind} (ldmatrix, cp.async)", err < 1e-3, f"max err {err:.2e}")
         except Exception as exc:

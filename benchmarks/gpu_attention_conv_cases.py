@@ -345,14 +345,19 @@ def _torch_dtype(torch, dtype):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
+def _exact_float32(torch) -> None:
+    """PyTorch's float32 matmuls and convolutions without TF32, as our default."""
+    if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def bench_attention(env, rng, torch):
     from gpukernels.gpu import attention as ga
     from gpukernels.tensor import Tensor
 
     cp = env.cp
-    if torch is not None:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    _exact_float32(torch)
     for label, dtype, B, Hq, Hkv, Sq, T, D, causal in ATTENTION_BENCH:
         name = f"Attention {dtype} {label} B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} T{T} D{D}"
         if _elapsed() > 380:
@@ -407,9 +412,8 @@ def bench_conv(env, rng, torch):
     from gpukernels.tensor import Tensor
 
     cp = env.cp
+    _exact_float32(torch)
     if torch is not None:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
     for dtype in ("float32", "float16"):
         for label, cin, h, cout, k, s, p in RESNET50:

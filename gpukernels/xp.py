@@ -373,11 +373,12 @@ class _HostOutputPool:
         self._bufs: list = []  # 1-D uint8 arrays, least recently handed out first
         self._lock = threading.Lock()
 
-    def empty(self, shape, dtype) -> np.ndarray:
+    def empty(self, shape, dtype, min_bytes: int | None = None) -> np.ndarray:
         dtype = np.dtype(dtype)
         shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if nbytes < self.min_bytes or nbytes > self.max_bytes or dtype.hasobject:
+        floor = self.min_bytes if min_bytes is None else min_bytes
+        if nbytes < floor or nbytes > self.max_bytes or dtype.hasobject:
             return np.empty(shape, dtype)
         with self._lock:
             bufs = self._bufs
@@ -397,18 +398,19 @@ class _HostOutputPool:
 _HOST_OUTPUTS = _HostOutputPool()
 
 
-def host_empty(shape, dtype) -> np.ndarray:
-    """An uninitialised host array for a kernel's output (large ones reuse idle memory)."""
-    return _HOST_OUTPUTS.empty(shape, dtype)
+def host_empty(shape, dtype, min_bytes: int | None = None) -> np.ndarray:
+    """An uninitialised host array for a kernel's output or scratch; arrays of min_bytes
+    or more (default 4 MB) reuse idle memory of the pool."""
+    return _HOST_OUTPUTS.empty(shape, dtype, min_bytes)
 
 
-def host_blocks(n: int, step: int, fn) -> None:
+def host_blocks(n: int, step: int, fn, threads: int | None = None) -> None:
     """fn(a, b) for every block [a, b) of [0, n) of ``step`` items, on the host threads.
 
     Blocks are handed out one at a time (a shared counter), not as one fixed range per
     thread: a thread that shares its core with other work (another process, or the
     spinning workers of a runtime that just ran) takes fewer blocks instead of holding
-    back the whole call.  Threads are used when there are at least two blocks each."""
+    back the whole call.  At most ``threads`` threads (default: one per two blocks)."""
     nblocks = -(-n // max(1, step))
     counter = itertools.count()
 
@@ -418,4 +420,4 @@ def host_blocks(n: int, step: int, fn) -> None:
                 return
             fn(i * step, min(n, (i + 1) * step))
 
-    parallel_ranges(max(1, nblocks // 2), 1, worker)
+    parallel_ranges(max(1, nblocks // 2 if threads is None else min(threads, nblocks)), 1, worker)

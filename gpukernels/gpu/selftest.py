@@ -7,6 +7,7 @@ and the real device in scripts/gpu_check.sh.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from .launch import CudaSource, ceil_div, i32
@@ -47,6 +48,28 @@ def run_block(backend, x: np.ndarray, block: int = 128):
     fn = backend.function(SOURCE, "gk_selftest_block")
     backend.launch(fn, (blocks,), (block,), (xd, sums, total, counts, i32(n)), block * 4, what="selftest block")
     return _to_host(backend, sums), _to_host(backend, total), _to_host(backend, counts)
+
+
+def mma_case(rng, kind: str):
+    """Random operands A, B, C for run_mma and its float64 expectation: A and B rounded
+    as the layer rounds them (tf32: to nearest, 10 mantissa bits kept; f16 / bf16: a cast),
+    then A @ B + C."""
+    if kind == "tf32":
+        A = rng.standard_normal((16, 8)).astype(np.float32)
+        B = rng.standard_normal((8, 16)).astype(np.float32)
+
+        def rnd(m):
+            u = m.view(np.uint32).astype(np.uint64)
+            return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    else:
+        A = rng.standard_normal((16, 16)).astype(np.float32)
+        B = rng.standard_normal((16, 16)).astype(np.float32)
+        t = np.float16 if kind == "f16" else ml_dtypes.bfloat16
+
+        def rnd(m):
+            return m.astype(t).astype(np.float32)
+    C = rng.standard_normal((16, 16)).astype(np.float32)
+    return A, B, C, rnd(A).astype(np.float64) @ rnd(B).astype(np.float64) + C
 
 
 def run_mma(backend, kind: str, A: np.ndarray, B: np.ndarray, C: np.ndarray) -> np.ndarray:

@@ -4,7 +4,6 @@ shared memory, atomics, the mma layer, error reporting.  The same kernels
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -57,23 +56,8 @@ def test_block_barrier_shared_atomics(emu, rng):
 
 @pytest.mark.parametrize("kind", ["f16", "bf16", "tf32"])
 def test_mma_layer(emu, rng, kind):
-    if kind == "tf32":
-        A = rng.standard_normal((16, 8)).astype(np.float32)
-        B = rng.standard_normal((8, 16)).astype(np.float32)
-
-        def rnd(m):  # the program rounds to tf32 (nearest), the tensor core keeps 10 bits
-            u = m.view(np.uint32).astype(np.uint64)
-            return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
-    else:
-        A = rng.standard_normal((16, 16)).astype(np.float32)
-        B = rng.standard_normal((16, 16)).astype(np.float32)
-        t = np.float16 if kind == "f16" else ml_dtypes.bfloat16
-
-        def rnd(m):
-            return m.astype(t).astype(np.float32)
-    C = rng.standard_normal((16, 16)).astype(np.float32)
+    A, B, C, want = selftest.mma_case(rng, kind)
     D = selftest.run_mma(emu, kind, A, B, C)
-    want = rnd(A).astype(np.float64) @ rnd(B).astype(np.float64) + C
     np.testing.assert_allclose(D, want, rtol=1e-5, atol=1e-4)
 
 

@@ -20,10 +20,10 @@ Output size and pads follow the ONNX text:
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
+from ...xp import host_empty
 from ..base import KernelBase, register
 from . import _spatial as sp
 from .conv import check_conv_ranks
@@ -177,29 +177,9 @@ def _phase_weights(w, group, ay, ax):
     return wc.reshape(group, Uy * Ux * Cg, Py * Px * Mg)
 
 
-_SCRATCH = threading.local()
-_SCRATCH_KEEP = 16 * 1024 * 1024
-
-
-def _scratch(shapes, dtype):
-    """Arrays of the given shapes carved from one per-thread host buffer that is kept
-    between calls (up to _SCRATCH_KEEP bytes): a fresh multi-MB temporary on every call
-    costs page faults (glibc maps and trims it) comparable to this operator's GEMM.  The
-    arrays are only valid until the next call in the same thread; never return them."""
-    item = np.dtype(dtype).itemsize
-    sizes = [-(-sp.prod(s) * item // 64) * 64 for s in shapes]
-    total = sum(sizes)
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.size < total:
-        buf = np.empty(total, dtype=np.uint8)
-        if total <= _SCRATCH_KEEP:
-            _SCRATCH.buf = buf
-    out, off = [], 0
-    for shape, size in zip(shapes, sizes):
-        n = sp.prod(shape) * item
-        out.append(buf[off:off + n].view(dtype).reshape(shape))
-        off += size
-    return out
+# scratch of this size or more comes from the reusable host buffer pool: a fresh
+# multi-MB temporary on every call costs page faults comparable to the GEMM
+_SCRATCH_POOL_BYTES = 1 << 18
 
 
 def _phase_chunks(N, Q, bytes_per_row):
@@ -251,7 +231,8 @@ def _host_phase_forward(x, w, b, group, strides, dilations, pads, out_shape):
         base = block[n0:n1, :, qa:]
         view = sp.as_strided(np, base, (group, Uy, Ux, Cg, n, L),
                              (Cg * sC, ay["step"] * Wb * item, ax["step"] * item, sC, sN, item))
-        cols, r = _scratch([(group, Uy, Ux, Cg, n, L), (group, PM, n * L)], dtype)
+        cols = host_empty((group, Uy, Ux, Cg, n, L), dtype, _SCRATCH_POOL_BYTES)
+        r = host_empty((group, PM, n * L), dtype, _SCRATCH_POOL_BYTES)
         np.copyto(cols, view)
         cols = cols.reshape(group, Kc, n * L)
         if group == 1:

@@ -23,7 +23,6 @@ one einsum sums them with their weights, and the result is transposed back once.
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import numpy as np
@@ -31,7 +30,7 @@ import numpy as np
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import parallel_ranges
+from ...xp import host_blocks
 from ..base import KernelBase, register
 from ._common import host_ints, permuted_copy, product, xp_for
 
@@ -143,26 +142,9 @@ def _linear_taps_host(gc, S, padding_mode, align_corners):
 
 
 def _host_units(units: int, work: int, fn) -> None:
-    """fn(u) for u in range(units), in order, the units handed out one at a time to the
-    host threads as they come free (a thread that starts late -- an idle core wakes
-    slowly -- just takes fewer).  Threads only for work (elements gathered) worth it."""
-    workers = min(units, max(1, work // _THREAD_WORK))
-    if workers <= 1:
-        for u in range(units):
-            fn(u)
-        return
-    counter = itertools.count()
-    lock = threading.Lock()
-
-    def loop(lo, hi):
-        while True:
-            with lock:
-                u = next(counter)
-            if u >= units:
-                return
-            fn(u)
-
-    parallel_ranges(workers, 1, loop)
+    """fn(u) for u in range(units), the units handed out one at a time to the host threads
+    (xp.host_blocks); threads only for work (elements gathered) worth it."""
+    host_blocks(units, 1, lambda u, _: fn(u), threads=max(1, work // _THREAD_WORK))
 
 
 def _sample_host(src, gc, S, mode, padding_mode, align_corners, out_dtype):

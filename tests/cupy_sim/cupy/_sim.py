@@ -228,6 +228,14 @@ class flatiter:
 flatiter.__module__ = "cupy._indexing.iterate"
 
 
+def _forwarded(name: str, wrap: bool = False) -> property:
+    """A read-only ndarray property reading the host array's attribute name (wrapped as
+    a simulated device array when wrap)."""
+    if wrap:
+        return property(lambda self: _new(getattr(self._a, name)))
+    return property(lambda self: getattr(self._a, name))
+
+
 class ndarray:
     """Simulated cupy.ndarray (device memory is a NumPy array the simulation owns)."""
 
@@ -340,37 +348,10 @@ class ndarray:
     def shape(self, value):
         self._a = self._a.reshape(value)
 
-    @property
-    def dtype(self):
-        return self._a.dtype
-
-    @property
-    def ndim(self):
-        return self._a.ndim
-
-    @property
-    def size(self):
-        return self._a.size
-
-    @property
-    def itemsize(self):
-        return self._a.itemsize
-
-    @property
-    def nbytes(self):
-        return self._a.nbytes
-
-    @property
-    def strides(self):
-        return self._a.strides
-
-    @property
-    def T(self):
-        return _new(self._a.T)
-
-    @property
-    def mT(self):
-        return _new(self._a.mT)
+    # read-only attributes forwarded to the host array, as is or as device arrays
+    dtype, ndim, size, itemsize, nbytes, strides, flags = (
+        _forwarded(n) for n in ("dtype", "ndim", "size", "itemsize", "nbytes", "strides", "flags"))
+    T, mT = (_forwarded(n, wrap=True) for n in ("T", "mT"))
 
     @property
     def real(self):
@@ -387,10 +368,6 @@ class ndarray:
     @imag.setter
     def imag(self, value):
         self._a.imag = _kernel_arg(value, "ndarray.imag")
-
-    @property
-    def flags(self):
-        return self._a.flags
 
     @property
     def base(self):
