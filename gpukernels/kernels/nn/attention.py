@@ -422,15 +422,20 @@ class _HostAttention:
     """NumPy-only attention for the plain cases (see Attention._host_plain).
 
     Works through blocks of (batch, KV heads, query rows).  Per block: scores by one
-    batched BLAS product with scale * log2(e) folded into Q (K^T is a transposed view,
-    no copy) written into one workspace reused by every block, the causal frontier as a
-    -inf triangle on the trailing square only (earlier keys are visible to every row of
-    the block, later ones are not multiplied at all), E = 2**s in place (exp2 is much
-    cheaper than exp in NumPy; one thread, as waking a second costs more than it saves
-    on blocks this size), its row sums as E @ ones (a BLAS product, faster than np.sum),
-    and Y = (E @ V) * (1 / sum) (the division on Dv columns instead of T).
-    Softmax is shift-invariant, so the row max is subtracted only when the sums show
-    that 2**s overflowed or underflowed; that block is then recomputed with the shift.
+    batched BLAS product with scale * log2(e) folded into Q (a scaled copy of the block's
+    rows in a reused buffer; K^T is a transposed view, no copy) written into one score
+    workspace reused by every block, the causal frontier as a -inf triangle on the
+    trailing square only (earlier keys are visible to every row of the block, later ones
+    are not multiplied at all), E = 2**s in place (exp2 is much cheaper than exp in NumPy;
+    one thread, as waking a second costs more than it saves on blocks this size), its row
+    sums as E @ ones (a BLAS product, faster than np.sum) written into one (rows, 1) array
+    of the whole call, and E @ V written straight into Y.  After the last block Y is
+    divided by the row sums in one pass (on Dv columns instead of T).
+
+    Softmax is shift-invariant, so the row max is subtracted only when the sums show that
+    2**s overflowed or underflowed: one check over all row sums and Y after the blocks;
+    when it fails, each block is checked and the failing ones are recomputed with the
+    shift (a rare path).
     """
 
     def __init__(self, p, cdt, block_bytes):
@@ -443,6 +448,7 @@ class _HostAttention:
         self.scale2 = cdt.type(p["scale"] * _LOG2E)
         self.block_bytes = block_bytes
         self.work = None  # score workspace, flat; allocated by run()
+        self.qbuf = None  # scaled query rows of a block, flat
         self.ones = None  # (T, 1) ones: row sums as a matrix product
 
     def _blocks(self):
@@ -455,36 +461,59 @@ class _HostAttention:
         hb = max(1, min(self.Hkv, self.block_bytes // max(1, G * n * T * isz)))
         return n, hb
 
+    def _each_block(self, n, hb):
+        """(b, h0, h1, r0, r1) of every block."""
+        for b in range(self.B):
+            for h0 in range(0, self.Hkv, hb):
+                h1 = min(self.Hkv, h0 + hb)
+                for r0 in range(0, self.Sq, n):
+                    yield b, h0, h1, r0, min(self.Sq, r0 + n)
+
     def run(self, Qc, Kc, Vc, Y):
         B, Hkv, G, Sq = self.B, self.Hkv, self.G, self.Sq
         Q5 = Qc.reshape(B, Hkv, G, Sq, self.D)  # a view: splits the head axis
         K4 = np.ascontiguousarray(Kc)
         V4 = np.ascontiguousarray(Vc)
         Y5 = Y.reshape(B, Hkv, G, Sq, self.Dv)
+        tot = np.empty((B, Hkv, G, Sq, 1), dtype=self.cdt)  # row sums of 2**s
         n, hb = self._blocks()
         if G * n > _FEW_ROWS:  # the few-rows path (decoding) makes its own small arrays
             self.work = np.empty(hb * G * n * self.T, dtype=self.cdt)
+            self.qbuf = np.empty(hb * G * n * self.D, dtype=self.cdt)
         self.ones = np.ones((self.T, 1), dtype=self.cdt)
+        blocks = list(self._each_block(n, hb))
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-            for b in range(B):
-                for h0 in range(0, Hkv, hb):
-                    h1 = min(Hkv, h0 + hb)
-                    for r0 in range(0, Sq, n):
-                        r1 = min(Sq, r0 + n)
-                        self._block(Q5[b, h0:h1, :, r0:r1], K4[b, h0:h1], V4[b, h0:h1],
-                                    Y5[b, h0:h1, :, r0:r1], r0, r1)
+            for b, h0, h1, r0, r1 in blocks:
+                self._block(Q5[b, h0:h1, :, r0:r1], K4[b, h0:h1], V4[b, h0:h1],
+                            Y5[b, h0:h1, :, r0:r1], tot[b, h0:h1, :, r0:r1], r0, r1)
+            if not self._fine(tot, Y):  # rare: redo the blocks that need the max shift
+                for b, h0, h1, r0, r1 in blocks:
+                    y, tb = Y5[b, h0:h1, :, r0:r1], tot[b, h0:h1, :, r0:r1]
+                    if not self._fine(tb, y):
+                        self._shifted_block(Q5[b, h0:h1, :, r0:r1], K4[b, h0:h1], V4[b, h0:h1], y, tb, r0, r1)
+            np.reciprocal(tot, out=tot)
+            np.multiply(Y5, tot, out=Y5)
+
+    @staticmethod
+    def _fine(tot, y) -> bool:
+        """Whether unshifted row sums tot and E @ V y are usable: every sum in range (no
+        term overflowed, the largest term is a normal number) and y finite."""
+        return bool(tot.min() > _SUM_LO and tot.max() < _SUM_HI and np.isfinite(np.sum(y)))
 
     def _scores(self, q, K, r0, r1):
         """Scores in base-2 units, (h, G*n, Tb), with the causal triangle applied; and Tb."""
         h, G, n, D = q.shape
         Tb = min(self.T, r1 + self.offset) if self.causal else self.T  # keys the block sees
-        qs = np.multiply(q, self.scale2).reshape(h, G * n, D)  # a contiguous scaled copy
         Kb = K[:, :Tb]
         if G * n <= _FEW_ROWS:  # decoding: K @ q^T runs as a fast matrix-vector-like product
+            qs = np.multiply(q, self.scale2).reshape(h, G * n, D)
             st = np.matmul(Kb, qs.transpose(0, 2, 1).copy())  # (h, Tb, G*n)
             s = np.ascontiguousarray(st.transpose(0, 2, 1))
         else:  # BLAS reads K^T through the view and writes into the workspace
-            s = np.matmul(qs, Kb.transpose(0, 2, 1), out=self.work[:h * G * n * Tb].reshape(h, G * n, Tb))
+            qs = self.qbuf[:h * G * n * D].reshape(h, G, n, D)
+            np.multiply(q, self.scale2, out=qs)
+            s = np.matmul(qs.reshape(h, G * n, D), Kb.transpose(0, 2, 1),
+                          out=self.work[:h * G * n * Tb].reshape(h, G * n, Tb))
         j0 = r0 + self.offset + 1  # keys below j0 are visible to every row of the block
         if self.causal and j0 < Tb:
             i = np.arange(r0, r1).reshape(-1, 1) + self.offset
@@ -493,22 +522,23 @@ class _HostAttention:
             s.reshape(h, G, n, Tb)[..., j0:] += tri
         return s, Tb
 
-    def _block(self, q, K, V, y, r0, r1):
+    def _block(self, q, K, V, y, tot, r0, r1):
+        """Unnormalised E @ V of one block into y (h, G, n, Dv), its row sums into tot
+        (h, G, n, 1)."""
         h, G, n, _ = q.shape
         s, Tb = self._scores(q, K, r0, r1)
         np.exp2(s, out=s)  # one thread: waking a second one costs more than it saves here
-        tot = np.matmul(s, self.ones[:Tb])  # (h, G*n, 1) row sums
-        out = None
-        if bool(np.all((tot > _SUM_LO) & (tot < _SUM_HI))):
-            out = np.matmul(s, V[:, :Tb])  # (h, G*n, Dv)
-            if not np.isfinite(np.sum(out)):
-                out = None  # unscaled sums overflowed (or V is not finite): redo
-        if out is None:  # rare: redo with the max shift, as a stable softmax does
-            s, _ = self._scores(q, K, r0, r1)
-            m = np.max(s, axis=-1, keepdims=True)
-            s -= m  # no row is fully masked here, so m is finite unless inputs are not
-            np.exp2(s, out=s)
-            tot = np.sum(s, axis=-1, keepdims=True)
-            out = np.matmul(s, V[:, :Tb])
-        np.reciprocal(tot, out=tot)
-        np.multiply(out.reshape(h, G, n, self.Dv), tot.reshape(h, G, n, 1), out=y)
+        s4 = s.reshape(h, G, n, Tb)
+        np.matmul(s4, self.ones[:Tb], out=tot)  # row sums
+        np.matmul(s4, V[:, None, :Tb], out=y)  # V broadcast over the G query heads of a KV head
+
+    def _shifted_block(self, q, K, V, y, tot, r0, r1):
+        """One block redone as a stable softmax does: 2**(s - row max)."""
+        h, G, n, _ = q.shape
+        s, Tb = self._scores(q, K, r0, r1)
+        # no row is fully masked here, so the max is finite unless the inputs are not
+        s -= np.max(s, axis=-1, keepdims=True)
+        np.exp2(s, out=s)
+        s4 = s.reshape(h, G, n, Tb)
+        np.sum(s4, axis=-1, keepdims=True, out=tot)
+        np.matmul(s4, V[:, None, :Tb], out=y)

@@ -22,10 +22,11 @@ double.  On a GPU the hand-written CUDA kernel (gpukernels.gpu.conv) is tried fi
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
-from ...xp import parallel_ranges
+from ...xp import host_blocks, parallel_ranges
 from ..base import KernelBase, register
 from . import _spatial as sp
 
@@ -53,6 +54,8 @@ def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
     if N == 0 or M == 0 or P == 0:
         y = xp.zeros((N, M, *O), dtype=dtype)
     elif group == C and w.shape[1] == 1 and group > 1:
+        if xp is np and n_sp == 2 and strides[1] == 1:
+            return _depthwise_host_wide(x, w, b, strides, pads, dilations, O)
         return _depthwise(xp, x, w, b, strides, pads, dilations, O)
     elif all(k == 1 for k in K) and not any(pads):
         y = _pointwise(xp, x, w, strides, group, O)
@@ -329,6 +332,76 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O):
         for c0 in starts:
             run_block(c0)
     return y.reshape((N, M) + tuple(O))
+
+
+def _depthwise_host_wide(x, w, b, strides, pads, dilations, O):
+    """Depthwise 2-D convolution on the host when the column stride is 1.
+
+    Per (image, channel block) work unit, the block's planes are copied once into a
+    zero-bordered scratch of "wide" rows (the padded width Wp = Wo + (kw-1)*dw, plus one
+    spare zero row), kept per thread and reused by its next units, so only the interior is
+    ever written.  Every tap is then one multiply (and one add) over views whose rows of
+    Wp elements follow each other: with a unit row stride each channel is one long
+    contiguous run.  The wide columns past Wo are dropped by the final copy into Y, which
+    also adds the bias.  Units go to the host threads as they come free when the call is
+    big enough to pay for waking a second thread."""
+    N, C, H, W = x.shape
+    m = w.shape[0] // C
+    kh, kw = w.shape[2:]
+    sh = strides[0]
+    dh, dw = dilations
+    ph, pw = pads[0], pads[1]
+    Ho, Wo = O
+    Hp = (Ho - 1) * sh + (kh - 1) * dh + 1
+    Wp = Wo + (kw - 1) * dw
+    dtype = x.dtype
+    item = dtype.itemsize
+    # padded rows/columns holding input data (pads may exceed what the output reads)
+    r1, q1 = min(Hp, ph + H), min(Wp, pw + W)
+    rows, cols = max(0, r1 - ph), max(0, q1 - pw)
+    cb = max(1, min(C, _CACHE_BLOCK_BYTES // max(1, Ho * Wp * item)))
+    nblk = -(-C // cb)
+    wv = w.reshape(C, m, kh, kw)
+    bias = None if b is None else b.reshape(C, m).astype(dtype, copy=False)
+    y = np.empty((N, C, m, Ho, Wo), dtype=dtype)
+    local = threading.local()
+
+    def unit(u):
+        n, blk = divmod(u, nblk)
+        c0 = blk * cb
+        c1 = min(C, c0 + cb)
+        k = c1 - c0
+        bufs = getattr(local, "bufs", None)
+        if bufs is None:  # zeroed once per thread: the borders stay zero
+            bufs = local.bufs = (np.zeros((cb, Hp + 1, Wp), dtype), np.empty((cb, Ho, Wp), dtype),
+                                 np.empty((cb, Ho, Wp), dtype))
+        pad, acc, tmp = bufs
+        if rows and cols:
+            pad[:k, ph:ph + rows, pw:pw + cols] = x[n, c0:c1, :rows, :cols]
+        a_k, t_k = acc[:k], tmp[:k]
+        view_strides = (pad.strides[0], sh * Wp * item, item)
+        for j in range(m):
+            first = True
+            for i in range(kh):
+                for q in range(kw):
+                    src = np.ndarray((k, Ho, Wp), dtype, pad, (i * dh * Wp + q * dw) * item, view_strides)
+                    wt = wv[c0:c1, j, i, q].reshape(k, 1, 1)
+                    if first:
+                        np.multiply(src, wt, out=a_k)
+                        first = False
+                    else:
+                        np.multiply(src, wt, out=t_k)
+                        np.add(a_k, t_k, out=a_k)
+            dst = y[n, c0:c1, j]
+            if bias is None:
+                dst[...] = a_k[:, :, :Wo]
+            else:
+                np.add(a_k[:, :, :Wo], bias[c0:c1, j].reshape(k, 1, 1), out=dst)
+
+    units = N * nblk
+    threads = 2 if N * C * m * Ho * Wo >= _DEPTHWISE_THREAD_ITEMS else 1
+    host_blocks(units, 1, lambda u0, u1: [unit(u) for u in range(u0, u1)], threads=threads)
+    return y.reshape((N, C * m, Ho, Wo))
 
 
 def check_conv_ranks(kernel, x, w, group, w_name="W") -> tuple[int, int]:

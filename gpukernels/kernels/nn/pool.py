@@ -4,8 +4,8 @@ global pools.
 Windows are strided slices of a padded block (one slice per kernel tap, a loop over
 taps vectorised over every pixel); the batch and channel axes are fused and processed in
 chunks that stay in cache on the CPU (and under 256 MiB anywhere).  Host MaxPool (Y only)
-instead reduces one axis at a time with long shifted slices of the unpadded block and
-subsamples after each axis (see _dense_max_axis); the result is the same.
+and AveragePool instead reduce one axis at a time with strided views of the unpadded
+block taken at the output positions (see _pool_strided); the result is the same.
 
 Output sizes follow the ONNX text: explicit pads use floor (or ceil with ceil_mode) of
 (in + pads - ((k - 1) * dilation + 1)) / stride + 1, and with ceil_mode a last window
@@ -30,14 +30,16 @@ import numpy as np
 
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import parallel_ranges
+from ...xp import host_empty, parallel_ranges
 from ..base import KernelBase, register
 from . import _spatial as sp
 
 _POOL_BLOCK_BYTES = 512 * 1024
-_DENSE_BLOCK_BYTES = 256 * 1024  # host max pooling: a block and its two scratch copies stay in L2
-# host max pooling: input bytes per thread before splitting over threads (high: see conv.py)
+_DENSE_BLOCK_BYTES = 1 << 20  # host strided pooling: a block and its scratch copies stay in L2
+# host strided pooling: input bytes per thread before splitting over threads (high: see conv.py)
 _DENSE_THREAD_BYTES = 1 << 25
+# host arrays from this size on come from the reusable pool (fresh ones cost page faults)
+_POOLED_BYTES = 64 * 1024
 
 
 # ------------------------------------------------------------------ geometry
@@ -135,89 +137,132 @@ def _tap_view(block, geo, tap):
                                                 geo.strides, geo.out)]
 
 
-def _dense_plan(S, offsets):
-    """For one axis of length S and tap offsets: the boundary positions (where a tap falls
-    outside [0, S)) with the in-range source positions of each."""
-    lo_d, hi_d = min(offsets), max(offsets)
-    edge = sorted(set(range(min(S, max(0, -lo_d)))) | set(range(max(0, S - max(0, hi_d)), S)))
-    return [(i, [i + d for d in offsets if 0 <= i + d < S]) for i in edge]
+# ------------------------------------------------------------------ host strided path
+#
+# Separable pooling on the host: one axis at a time, each tap applied directly at the
+# output positions through strided views (k - 1 ufunc passes over the output size of
+# the axis), so nothing is padded.  Output positions whose window reaches outside the
+# input ("edges", a few per side) are recomputed from their valid taps afterwards.
 
 
-def _dense_max_axis(xp, a, axis, offsets, plan, fill, out):
-    """D[..., i, ...] = max over taps t with 0 <= i + offsets[t] < S of a[..., i + offsets[t], ...]
-    (fill where no tap is valid), for every position i of the contiguous a along axis.
+def _axis_plan(S, O, s, offsets):
+    """For one axis of length S with O outputs, stride s and tap offsets: the interior
+    [lo, hi) where every tap is in [0, S), and the edge outputs with the in-range
+    source positions of each (empty: no tap inside)."""
+    lo = min(O, max(0, -(min(offsets) // s)))  # ceil(-min(offsets) / s)
+    hi = max(lo, min(O, (S - 1 - max(offsets)) // s + 1))
+    edges = [(j, [s * j + o for o in offsets if 0 <= s * j + o < S])
+             for j in list(range(lo)) + list(range(hi, O))]
+    return lo, hi, edges
 
-    The taps are applied as shifted slices of the flattened array -- long contiguous
-    passes -- which read wrong neighbours (the next row, image...) only at the few boundary
-    positions near either end of the axis (``plan``); those are recomputed from their
-    valid taps."""
-    shape = a.shape
-    st = 1
-    for v in shape[axis + 1:]:
-        st *= v
-    flat = a.reshape(-1)
-    out = out[:flat.size]
-    lo = max(0, -min(offsets)) * st
-    hi = flat.size - max(0, max(offsets)) * st
-    if hi > lo:
-        dst = out[lo:hi]
-        d0 = offsets[0] * st
-        if len(offsets) == 1:
-            dst[...] = flat[lo + d0:hi + d0]
-        else:
-            d1 = offsets[1] * st
-            xp.maximum(flat[lo + d0:hi + d0], flat[lo + d1:hi + d1], out=dst)
-            for d in offsets[2:]:
-                xp.maximum(dst, flat[lo + d * st:hi + d * st], out=dst)
-    outv = out.reshape(shape)
+
+def _reduce_views(op, views, dst):
+    """dst = op over views (in order)."""
+    if len(views) == 1:
+        dst[...] = views[0]
+        return
+    op(views[0], views[1], out=dst)
+    for v in views[2:]:
+        op(dst, v, out=dst)
+
+
+def _fix_edges(op, a, dst, axis, edges, fill):
     lead = (slice(None),) * axis
-    for i, valid in plan:
-        dst = outv[lead + (i,)]
-        if not valid:
-            dst[...] = fill
-        elif len(valid) == 1:
-            dst[...] = a[lead + (valid[0],)]
+    for j, valid in edges:
+        d = dst[lead + (j,)]
+        if valid:
+            _reduce_views(op, [a[lead + (i,)] for i in valid], d)
         else:
-            xp.maximum(a[lead + (valid[0],)], a[lead + (valid[1],)], out=dst)
-            for j in valid[2:]:
-                xp.maximum(dst, a[lead + (j,)], out=dst)
-    return outv
+            d[...] = fill
 
 
-def _max_pool_dense(xp, x2, geo, fill):
-    """Max pooling of (NC, *S) by separable dense passes (see _dense_max_axis) over
-    cache-sized blocks of NC, subsampling after each axis; None when an output window
-    starts past the input's end (ceil_mode / large end pads), where it does not apply."""
+def _strided_axis(op, a, axis, s, offsets, plan, fill, dst):
+    """dst[..., j, ...] = op over the valid taps t of a[..., s * j + offsets[t], ...]
+    (fill where none is valid); dst has a's shape with the axis's output length."""
+    lo, hi, edges = plan
+    if hi > lo:
+        lead = (slice(None),) * axis
+        views = [a[lead + (slice(s * lo + o, s * (hi - 1) + o + 1, s),)] for o in offsets]
+        _reduce_views(op, views, dst[lead + (slice(lo, hi),)])
+    _fix_edges(op, a, dst, axis, edges, fill)
+    return dst
+
+
+def _strided_last_flat(op, a, s, O, offsets, plan, fill, buf):
+    """_strided_axis along the last axis of the C-contiguous a (row length W, a multiple
+    of s) written into the flat buf with row length W // s (>= O); returns the (..., O)
+    view.  Output m of the flattened rows reads flat[s * m + offset]: each tap is one
+    long 1-D strided slice, which crosses into the neighbouring rows only at the edge
+    outputs (and at the columns >= O, left unused); the edges are recomputed."""
+    lo, hi, edges = plan
+    W = a.shape[-1]
+    Q = W // s
+    R = a.size // W
+    flat = a.reshape(-1)
+    if hi > lo:
+        m1 = (R - 1) * Q + hi
+        views = [flat[s * lo + o:s * (m1 - 1) + o + 1:s] for o in offsets]
+        _reduce_views(op, views, buf[lo:m1])
+    res = buf[:R * Q].reshape(a.shape[:-1] + (Q,))[..., :O]
+    _fix_edges(op, a, res, a.ndim - 1, edges, fill)
+    return res
+
+
+def _pool_strided(x2, geo, op, fill):
+    """op-reduction (np.maximum or np.add) of every window of the host array (NC, *S),
+    skipping taps outside the input (fill where a window has none), by separable strided
+    passes over cache-sized blocks of NC: the non-last axes first (largest reduction
+    first; their taps read contiguous rows), the last axis -- whose strided reads are
+    the costly ones -- last, on the smallest data.  None when an axis has many edge
+    outputs (kernel or padding much larger than the input)."""
     n_sp = x2.ndim - 1
     S = x2.shape[1:]
     O = geo.out
-    if any((O[d] - 1) * geo.strides[d] >= S[d] for d in range(n_sp)):
+    offsets = [[t * geo.dilations[d] - geo.pads[d] for t in range(geo.kernel[d])] for d in range(n_sp)]
+    plans = [_axis_plan(S[d], O[d], geo.strides[d], offsets[d]) for d in range(n_sp)]
+    if any(len(p[2]) > 8 for p in plans):
         return None
     NC = x2.shape[0]
-    out = xp.empty((NC,) + tuple(O), dtype=x2.dtype)
-    per = max(1, sp.prod(S) * x2.dtype.itemsize)
+    dtype = x2.dtype
+    out = host_empty((NC,) + tuple(O), dtype, _POOLED_BYTES)
+    per = max(1, sp.prod(S) * dtype.itemsize)
     step = min(NC, max(1, _DENSE_BLOCK_BYTES // per))
-    offsets = [[t * geo.dilations[d] - geo.pads[d] for t in range(geo.kernel[d])] for d in range(n_sp)]
-    plans = [_dense_plan(S[d], offsets[d]) for d in range(n_sp)]
-    subs = [(slice(None),) * (d + 1) + (slice(0, (O[d] - 1) * geo.strides[d] + 1, geo.strides[d]),)
-            for d in range(n_sp)]
+    order = sorted(range(n_sp - 1), key=lambda d: O[d] / max(1, S[d])) + [n_sp - 1]
+    s_last = geo.strides[-1]
+    flat_last = S[-1] % s_last == 0 and O[-1] <= S[-1] // s_last
+    # block shapes after each stage (per NC item)
+    shapes = []
+    shape = list(S)
+    for d in order:
+        shape[d] = O[d]
+        shapes.append(tuple(shape))
+    last_q = list(shapes[-1])
+    last_q[-1] = S[-1] // s_last
+
     def run(lo, hi):
-        # scratch buffers per thread, reused by each of its blocks (fresh large buffers
-        # cost page faults)
-        dense_buf = xp.empty(step * sp.prod(S), dtype=x2.dtype)
-        cur_buf = xp.empty(step * sp.prod(S), dtype=x2.dtype) if n_sp > 1 else None
+        # scratch buffers per thread, reused by each of its blocks
+        bufs = [host_empty(step * sp.prod(sh), dtype, _POOLED_BYTES) for sh in shapes[:-1]]
+        last_buf = None
+        if flat_last and O[-1] != last_q[-1]:
+            last_buf = host_empty(step * sp.prod(last_q), dtype, _POOLED_BYTES)
         for a in range(lo, hi, step):
             b = min(hi, a + step)
             cur = x2[a:b]
-            if not cur.flags.c_contiguous:
-                cur = xp.ascontiguousarray(cur)
-            for d in range(n_sp):
-                sub = _dense_max_axis(xp, cur, d + 1, offsets[d], plans[d], fill, dense_buf)[subs[d]]
-                if d == n_sp - 1:
-                    out[a:b] = sub
+            for k, d in enumerate(order):
+                if k < n_sp - 1:
+                    dst = bufs[k][:(b - a) * sp.prod(shapes[k])].reshape((b - a,) + shapes[k])
+                    cur = _strided_axis(op, cur, d + 1, geo.strides[d], offsets[d], plans[d], fill, dst)
+                elif flat_last:
+                    if not cur.flags.c_contiguous:
+                        cur = np.ascontiguousarray(cur)
+                    if last_buf is None:
+                        _strided_last_flat(op, cur, s_last, O[d], offsets[d], plans[d], fill,
+                                           out[a:b].reshape(-1))
+                    else:
+                        out[a:b] = _strided_last_flat(op, cur, s_last, O[d], offsets[d], plans[d],
+                                                      fill, last_buf)
                 else:
-                    cur = cur_buf[:sub.size].reshape(sub.shape)
-                    cur[...] = sub
+                    _strided_axis(op, cur, d + 1, s_last, offsets[d], plans[d], fill, out[a:b])
 
     # independent channel blocks over the host threads
     parallel_ranges(NC, max(step, -(-_DENSE_THREAD_BYTES // per)), run)
@@ -229,18 +274,20 @@ def pool_reduce(xp, x, geo, kind, p=2.0, include_pad=False):
     N, C = x.shape[:2]
     S = x.shape[2:]
     n_sp = len(S)
-    out = xp.empty((N * C,) + tuple(geo.out), dtype=x.dtype)
     if N * C == 0 or sp.prod(geo.out) == 0:
-        return out.reshape((N, C) + tuple(geo.out))
+        return xp.empty((N, C) + tuple(geo.out), dtype=x.dtype)
     x2 = x.reshape((N * C,) + tuple(S))
     if kind == "max":
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-        dense = _max_pool_dense(xp, x2, geo, fill) if xp is np else None
-        if dense is not None:
-            return dense.reshape((N, C) + tuple(geo.out))
     else:
         fill = 0
-    for a, b, block in _blocks(xp, x2, geo, fill):
+    out = None
+    if xp is np and kind != "lp":
+        out = _pool_strided(x2, geo, np.maximum if kind == "max" else np.add, fill)
+    fast = out is not None
+    if not fast:
+        out = xp.empty((N * C,) + tuple(geo.out), dtype=x.dtype)
+    for a, b, block in (() if fast else _blocks(xp, x2, geo, fill)):
         if kind == "lp":
             block = xp.abs(block) if p == 1 else (block * block if p == 2 else xp.power(xp.abs(block), p))
         # box windows are separable: reduce one spatial axis at a time

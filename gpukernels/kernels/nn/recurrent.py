@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ...tensor import Tensor
-from ...xp import parallel_ranges
+from ...xp import host_empty, parallel_ranges
 from ..base import KernelBase, register
 from ._lstm_host import _ChunkedProjection, _FullProjection, _LSTMDirection, _StepProduct, _clip
 
@@ -476,7 +476,8 @@ class LSTM(_RecurrentBase):
         want_y = self.wants_output(0)
         y_shape = (S, D, N, H) if p["layout"] == 0 else (N, S, D, H)
         # every (time, direction) slot is written once (zeros past a sequence's length)
-        Y = xp.empty(y_shape, dtype=cdt) if want_y else None
+        Y = (host_empty(y_shape, cdt, min_bytes=1 << 16) if xp is np else xp.empty(y_shape, dtype=cdt)) \
+            if want_y else None
         xsni = self._steps_major(p, cdt)  # X as (S, N, I)
         runs = [_LSTMDirection(xp, self, p, d, reverse, acts[d], fused[d], clip, coupled, cdt,
                                _StepProduct(xp, R_[d], N))
@@ -495,7 +496,11 @@ class LSTM(_RecurrentBase):
                 r = runs[d]
                 src = (_ChunkedProjection(w[d], bias_d[d], xsni, r.product, r.reverse, Y is not None)
                        if chunked else _FullProjection(projT[d]))
-                finals[d] = r(src, h0[d].T, c0[d].T, None if peep is None else peep[d], Y)
+                try:
+                    finals[d] = r(src, h0[d].T, c0[d].T, None if peep is None else peep[d], Y)
+                finally:
+                    if chunked:
+                        src.release()
 
             if D == 2 and runs[0].product.blocks is not None:  # single-threaded products: two threads
                 parallel_ranges(2, 1, lambda lo, hi: [run_dir(d) for d in range(lo, hi)])
@@ -528,7 +533,10 @@ class LSTM(_RecurrentBase):
             if hi == 2:
                 src.produce()
 
-        parallel_ranges(2, 1, work)
+        try:
+            parallel_ranges(2, 1, work)
+        finally:
+            src.release()
         return fin[0]
 
     def _scaled(self, a, scale):
@@ -536,11 +544,14 @@ class LSTM(_RecurrentBase):
         a copy when any is scaled."""
         if all(s is None for s in scale):
             return a
-        a = a.copy()
+        xp = self.xp
+        out = host_empty(a.shape, a.dtype, min_bytes=1 << 16) if xp is np else xp.empty_like(a)
         for d, s in enumerate(scale):
-            if s is not None:
-                a[d] *= s.reshape((-1,) + (1,) * (a.ndim - 2))
-        return a
+            if s is None:
+                out[d] = a[d]
+            else:
+                xp.multiply(a[d], s.reshape((-1,) + (1,) * (a.ndim - 2)), out=out[d])
+        return out
 
     def _steps_major(self, p, cdt):
         """X as an (S, N, I) compute array (a view for layout 1)."""

@@ -1,0 +1,91 @@
+"""The host depthwise path with wide rows (conv._depthwise_host_wide: unit column stride,
+per-thread zero-bordered scratch reused across channel blocks) against a float64 loop
+reference on random inputs: kernel sizes 1-5, row strides 1-3, dilations, asymmetric and
+oversized pads, channel multipliers, batches, float64, non-contiguous inputs, one and two
+threads, and blocks of one channel (so a thread's scratch is reused by later blocks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpukernels.kernels.base import KernelContext
+from gpukernels.kernels.nn import conv as conv_mod
+from gpukernels.kernels.nn.conv import Conv
+
+
+def ref_depthwise(x, w, b, strides, pads, dilations):
+    """float64 depthwise convolution (group = C), output pixel by output pixel."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    N, C, H, W = x.shape
+    m = w.shape[0] // C
+    kh, kw = w.shape[2:]
+    (sh, sw), (dh, dw) = strides, dilations
+    Ho = (H + pads[0] + pads[2] - (kh - 1) * dh - 1) // sh + 1
+    Wo = (W + pads[1] + pads[3] - (kw - 1) * dw - 1) // sw + 1
+    y = np.zeros((N, C * m, Ho, Wo))
+    for oc in range(C * m):
+        c = oc // m
+        for i in range(Ho):
+            for j in range(Wo):
+                for a in range(kh):
+                    for q in range(kw):
+                        r = i * sh + a * dh - pads[0]
+                        s = j * sw + q * dw - pads[1]
+                        if 0 <= r < H and 0 <= s < W:
+                            y[:, oc, i, j] += x[:, c, r, s] * w[oc, 0, a, q]
+    if b is not None:
+        y += np.asarray(b, np.float64).reshape(1, -1, 1, 1)
+    return y
+
+
+CASES = [
+    # x shape, multiplier, kernel, strides, pads (top, left, bottom, right), dilations
+    ((1, 6, 9, 8), 1, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((2, 5, 7, 10), 2, (3, 3), (2, 1), (0, 2, 1, 0), (1, 2)),
+    ((1, 4, 11, 6), 1, (5, 5), (3, 1), (2, 2, 2, 2), (1, 1)),
+    ((1, 3, 6, 5), 3, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
+    ((1, 7, 8, 9), 1, (2, 4), (1, 1), (0, 3, 1, 0), (2, 1)),
+    ((1, 2, 3, 3), 1, (3, 3), (1, 1), (4, 5, 3, 2), (1, 1)),  # pads larger than the input
+    ((2, 3, 1, 7), 1, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1)),  # one row
+    ((1, 3, 9, 1), 2, (3, 1), (2, 1), (1, 0, 1, 0), (1, 1)),  # one column
+]
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("case", CASES)
+def test_depthwise_wide_matches_reference(case, threads, rng, monkeypatch):
+    xs, mult, ks, strides, pads, dil = case
+    monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
+    monkeypatch.setattr(conv_mod, "_DEPTHWISE_THREAD_ITEMS", 1)
+    monkeypatch.setattr(conv_mod, "_CACHE_BLOCK_BYTES", 1)  # one channel per block
+    C = xs[1]
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((C * mult, 1) + ks).astype(np.float32)
+    b = rng.standard_normal(C * mult).astype(np.float32)
+    k = Conv(KernelContext("cpu"))
+    for bias in (b, None):
+        y = k(x, w, bias, group=C, kernel_shape=list(ks), strides=list(strides), pads=list(pads),
+              dilations=list(dil)).numpy()
+        np.testing.assert_allclose(y, ref_depthwise(x, w, bias, strides, pads, dil), rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_wide_double_noncontiguous_and_generic_path_agree(rng):
+    x = rng.standard_normal((2, 8, 12, 20))[:, ::2, :, ::2]  # non-contiguous float64
+    w = rng.standard_normal((8, 1, 3, 3))
+    b = rng.standard_normal(8)
+    args = ([1, 1], [1, 2, 0, 1], [1, 1])
+    y = conv_mod.conv_forward(np, x, w, b, *args, group=4)
+    assert y.dtype == np.float64
+    np.testing.assert_allclose(y, ref_depthwise(x, w, b, *args), rtol=1e-12, atol=1e-12)
+    generic = conv_mod._depthwise(np, x, w, b, *args, [11, 11])
+    np.testing.assert_allclose(y, generic, rtol=1e-12, atol=1e-12)
+
+
+def test_depthwise_wide_leaves_input_alone(rng):
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    keep = x.copy()
+    w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    Conv(KernelContext("cpu"))(x, w, group=4, pads=[1, 1, 1, 1])
+    np.testing.assert_array_equal(x, keep)
