@@ -125,7 +125,8 @@ def cmd_run(args) -> int:
         return EXIT_NO_DEVICE
     model, device, why = resolved
     t0 = time.perf_counter()
-    session = Session(model, device=device)
+    # a dump lists every node's outputs: no constant folding (folded nodes would not run)
+    session = Session(model, device=device, options={"fold_constants": False} if args.dump else None)
     t_prepare = time.perf_counter() - t0
     if args.inputs:
         with np.load(args.inputs, allow_pickle=False) as data:

@@ -93,7 +93,9 @@ def _run_gpukernels(model, feeds, side: Side, all_nodes: bool) -> dict:
     from .runtime import Session
     from .tensor import Sequence, Tensor, to_host_value
 
-    sess = Session(model, device=side.device, options=side.options)
+    # every node is compared: folded constant nodes would not run (and not be observed)
+    options = dict(side.options, fold_constants=False) if all_nodes else side.options
+    sess = Session(model, device=side.device, options=options)
     captured = {}
 
     def observer(node, inputs, outputs, seconds):

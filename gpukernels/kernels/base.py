@@ -172,6 +172,9 @@ class KernelBase:
     op_type: ClassVar[str] = ""
     domain: ClassVar[str] = ""
     versions: ClassVar[tuple[int, ...]] = ()
+    # whether a node whose inputs are all constants may be evaluated once when its graph
+    # is prepared (false for kernels whose results differ from call to call: random draws)
+    foldable: ClassVar[bool] = True
 
     def __init__(self, ctx: KernelContext | None = None, version: int | None = None):
         self.ctx = ctx if ctx is not None else KernelContext()

@@ -10,6 +10,7 @@ graph only looks values up, calls kernels and releases values.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import onnx
@@ -99,6 +100,10 @@ def subgraph_free_names(graph: onnx.GraphProto) -> set:
     return used - defined
 
 
+# at most this many bytes of folded constants per graph
+_FOLD_MAX_BYTES = 2 << 30
+
+
 def _graphs_of(attr: onnx.AttributeProto):
     if attr.type == onnx.AttributeProto.GRAPH:
         return [attr.g]
@@ -174,6 +179,10 @@ class PreparedGraph:
             nodes = graph.node
             self.constants = self._load_initializers(graph)
         self.nodes = [self._prepare_node(n) for n in nodes]
+        # nodes computing constants from constants run once, now (option fold_constants)
+        self.folded = []
+        if self.graph is not None and ctx.option("fold_constants", True):
+            self._fold_constants()
         # the fast path only serves nodes whose inputs all live in this graph's own scope
         local = set(self.input_names) | set(self.constants)
         for p in self.nodes:
@@ -193,6 +202,49 @@ class PreparedGraph:
         for sp in graph.sparse_initializer:
             values[sp.values.name] = self._place(sparse_to_dense(sp, self.base_dir))
         return values
+
+    def _foldable(self, p: PreparedNode) -> bool:
+        """A node that computes the same tensors on every run from this graph's constants:
+        a kernel (no subgraphs, no reads of enclosing values) whose class allows it, every
+        input a constant, no output a graph output (those stay fresh values per run)."""
+        return (p.kernel is not None and not p.needs_scope and type(p.kernel).foldable
+                and all(not n or n in self.constants for n in p.inputs)
+                and not any(n in self._output_set for n in p.outputs))
+
+    def _fold_constants(self) -> None:
+        """Constant folding: run each foldable node once (in graph order, so chains of
+        them fold too); its outputs join self.constants and the node leaves self.nodes
+        (listed in self.folded).  A node is left to run normally when it raises, warns,
+        returns something other than tensors, or its outputs would push the folded bytes
+        past _FOLD_MAX_BYTES (memory held for the session's life)."""
+        self._output_set = set(self.output_names)
+        kept, total = [], 0
+        for p in self.nodes:
+            if not self._foldable(p):
+                kept.append(p)
+                continue
+            args = [self.constants[n] if n else None for n in p.inputs]
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    result = self._execute(p, args, None, None)
+                    outputs = [result] if result.__class__ is Tensor else _as_outputs(result)
+            except Exception:  # noqa: BLE001 -- the node raises again, with context, at run time
+                kept.append(p)
+                continue
+            named = [(n, v) for n, v in zip(p.outputs, outputs) if n]
+            if (caught or len(outputs) < p.n_outputs
+                    or not all(v.__class__ is Tensor and v.array is not None for _, v in named)):
+                kept.append(p)
+                continue
+            size = sum(v.array.nbytes for _, v in named)
+            if total + size > _FOLD_MAX_BYTES:
+                kept.append(p)
+                continue
+            total += size
+            self.constants.update(named)
+            self.folded.append(p)
+        self.nodes = kept
 
     def _place(self, t: Tensor) -> Tensor:
         if self.ctx.device.is_cuda and t.data_type != dtypes.DataType.STRING:

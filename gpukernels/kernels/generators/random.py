@@ -61,6 +61,7 @@ class _Draws:
 
 
 class _Random(KernelBase):
+    foldable = False  # every run draws anew
     def draws(self, seed) -> _Draws:
         xp = self.xp
         if seed is not None:

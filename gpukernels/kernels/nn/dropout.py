@@ -37,6 +37,7 @@ def dropout_keep_mask(shape, ratio: float, seed) -> np.ndarray:
 
 @register()
 class Dropout(KernelBase):
+    foldable = False  # training mode draws a new mask every run
     class Result(NamedTuple):
         output: Tensor
         mask: Tensor | None = None

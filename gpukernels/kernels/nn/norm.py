@@ -129,7 +129,8 @@ class BatchNormalization(KernelBase):
         if not training:
             mc, vc = param(m), param(var)
             a = sc / xp.sqrt(vc + dt.type(eps))
-            y = xc * a + (bc - mc * a)
+            shift = bc - mc * a
+            y = _scale_shift_host(xc, a, shift) if xp is np else xc * a + shift
             y = self.from_compute(y.reshape(x.shape), x.data_type)
             return self.Result(y) if self.since_version >= 14 else self.LegacyResult(y)
         axes = (0,) if per_feature else (0,) + tuple(range(2, nd))
@@ -151,6 +152,30 @@ class BatchNormalization(KernelBase):
         saved_mean = self.from_compute(bmean.reshape(m.shape), m.data_type) if self.wants_output(3) else None
         saved_var = self.from_compute(bvar.reshape(var.shape), var.data_type) if self.wants_output(4) else None
         return self.LegacyResult(y, run_mean, run_var, saved_mean, saved_var)
+
+
+_AFFINE_BLOCK_BYTES = 256 * 1024
+
+
+def _scale_shift_host(x, a, shift):
+    """x * a + shift on the host, a and shift of shape (1, C, ...) broadcasting over x
+    (N, C, ...): into a pooled output, in blocks of samples or channels of about
+    _AFFINE_BLOCK_BYTES, so that the add reads the product while it is in cache (the
+    same two roundings as the plain expression)."""
+    N, C = x.shape[:2]
+    y = host_empty(x.shape, x.dtype)
+    per_channel = max(1, int(np.prod(x.shape[2:], dtype=np.int64)) * x.dtype.itemsize)
+    if C * per_channel <= _AFFINE_BLOCK_BYTES:  # whole samples per block
+        step = max(1, _AFFINE_BLOCK_BYTES // (C * per_channel))
+        blocks = [(slice(n, n + step), slice(None)) for n in range(0, N, step)]
+    else:  # one sample, blocks of channels
+        step = max(1, _AFFINE_BLOCK_BYTES // per_channel)
+        blocks = [(slice(n, n + 1), slice(c, c + step)) for n in range(N) for c in range(0, C, step)]
+    for ns, cs in blocks:
+        yb = y[ns, cs]
+        np.multiply(x[ns, cs], a[:, cs], out=yb)
+        np.add(yb, shift[:, cs], out=yb)
+    return y
 
 
 # ------------------------------------------------------------------ per-instance norms
