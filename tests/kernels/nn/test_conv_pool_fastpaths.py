@@ -119,6 +119,7 @@ def test_depthwise_threads_and_bias(case, threads, rng, monkeypatch):
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
     monkeypatch.setattr(conv_mod, "_DEPTHWISE_THREAD_ITEMS", 1)
     monkeypatch.setattr(conv_mod, "_CACHE_BLOCK_BYTES", 1)  # one channel per block
+    monkeypatch.setattr(conv_mod, "_DEPTHWISE_TAPS_BYTES", 1)
     C = xs[1]
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal((C * mult, 1, 3, 3)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""The host depthwise path with wide rows (conv._depthwise_host_wide: unit column stride,
+"""The host depthwise path with wide rows (conv._depthwise_host_2d: unit column stride,
 per-thread zero-bordered scratch reused across channel blocks) against a float64 loop
 reference on random inputs: kernel sizes 1-5, row strides 1-3, dilations, asymmetric and
 oversized pads, channel multipliers, batches, float64, non-contiguous inputs, one and two
@@ -50,6 +50,9 @@ CASES = [
     ((1, 2, 3, 3), 1, (3, 3), (1, 1), (4, 5, 3, 2), (1, 1)),  # pads larger than the input
     ((2, 3, 1, 7), 1, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1)),  # one row
     ((1, 3, 9, 1), 2, (3, 1), (2, 1), (1, 0, 1, 0), (1, 1)),  # one column
+    ((1, 5, 12, 11), 1, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # column stride 2
+    ((2, 4, 10, 13), 2, (3, 2), (1, 3), (0, 1, 2, 2), (1, 2)),
+    ((1, 3, 7, 7), 1, (5, 5), (3, 2), (2, 2, 2, 2), (1, 1)),
 ]
 
 
@@ -60,6 +63,7 @@ def test_depthwise_wide_matches_reference(case, threads, rng, monkeypatch):
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
     monkeypatch.setattr(conv_mod, "_DEPTHWISE_THREAD_ITEMS", 1)
     monkeypatch.setattr(conv_mod, "_CACHE_BLOCK_BYTES", 1)  # one channel per block
+    monkeypatch.setattr(conv_mod, "_DEPTHWISE_TAPS_BYTES", 1)
     C = xs[1]
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal((C * mult, 1) + ks).astype(np.float32)
