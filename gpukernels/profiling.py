@@ -31,6 +31,7 @@ class ProfileReport:
     model_seconds_free: float       # median whole-model time without it
     nodes: list
     operators: dict                 # op_type -> total seconds
+    folded: int = 0                 # top-level nodes folded into constants when loading
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,15 +81,19 @@ def profile(model, device: str = "cpu", repeat: int = 10, synchronize: bool | No
         ops[n.op_type] += n.seconds
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     return ProfileReport(model if isinstance(model, str) else "<model>", str(dev), repeat, synchronize,
-                         med(synced), med(free), nodes, dict(sorted(ops.items(), key=lambda kv: -kv[1])))
+                         med(synced), med(free), nodes, dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+                         len(sess.graph.folded))
 
 
 def format_profile(r: ProfileReport, top: int = 15) -> str:
     total = sum(r.operators.values()) or 1.0
     lines = [f"profile: {r.model} on {r.device}, {r.repeat} runs, per-node sync {'on' if r.synchronized else 'off'}",
              f"whole model: {r.model_seconds_synced * 1e3:.3f} ms with per-node timing, "
-             f"{r.model_seconds_free * 1e3:.3f} ms without", "", "top operators (total over runs):",
-             f"{'op':24} {'ms/run':>10} {'share':>7}"]
+             f"{r.model_seconds_free * 1e3:.3f} ms without"]
+    if r.folded:
+        lines.append(f"{r.folded} constant node(s) folded when the model was loaded (not timed per run)")
+    lines += ["", "top operators (total over runs):",
+              f"{'op':24} {'ms/run':>10} {'share':>7}"]
     for op, t in r.operators.items():
         lines.append(f"{op:24} {t / r.repeat * 1e3:10.3f} {t / total * 100:6.1f}%")
     lines += ["", f"top {top} nodes:", f"{'node':32} {'op':18} {'ms/run':>10}"]

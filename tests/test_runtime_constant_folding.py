@@ -136,3 +136,11 @@ def test_parity_all_nodes_sees_folded_nodes():
     report = parity.compare(weights_model(), devices=["cpu"], against="reference", all_nodes=True)
     names = {v.name for side in report.sides for v in side.values}
     assert {"ones", "w", "c64", "c", "xw", "y"} <= names and report.passed
+
+
+def test_profile_counts_folded_nodes():
+    from gpukernels.profiling import format_profile, profile
+
+    report = profile(weights_model(), repeat=2)
+    assert report.folded == 4 and set(report.operators) == {"MatMul", "Add"}
+    assert "4 constant node(s) folded" in format_profile(report)

@@ -247,9 +247,11 @@ def _host_conv2d(x, w, b, strides, pads, dilations, O):
         c5 = cc[:, :K].reshape(n, C, kh, kw, L)
         for i in range(kh):
             for r, js, q0 in groups:
-                src = zc[0, 0, ri[i], r, r0 + qi[i]:].reshape(-1)[q0:]
-                view = np.lib.stride_tricks.as_strided(
-                    src, (n, C, len(js), nr, Wc), (zs[0], zs[1], qstep * item, zs[4], item))
+                # zc[0, 0, ri[i], r, r0 + qi[i], q0] onwards (np.ndarray over the scratch
+                # is a much cheaper view than as_strided for these small calls)
+                start = ri[i] * zs[2] + r * zs[3] + (r0 + qi[i]) * zs[4] + q0 * item
+                view = np.ndarray((n, C, len(js), nr, Wc), dtype, z, start,
+                                  (zs[0], zs[1], qstep * item, zs[4], item))
                 step = js[1] - js[0] if len(js) > 1 else 1
                 dst = c5[:, :, i, js[0]:js[-1] + 1:step]
                 dst.reshape(n, C, len(js), nr, Wc)[...] = view
