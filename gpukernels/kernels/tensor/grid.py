@@ -36,7 +36,9 @@ from ._common import host_ints, permuted_copy, product, xp_for
 
 _MODE_ALIASES = {"bilinear": "linear", "bicubic": "cubic"}
 _GATHER_CHUNK = 1 << 20  # elements of gathered taps held at once
-_HOST_BLOCK = 1 << 17  # elements of one (channels, taps, points) gather buffer on the host
+# elements of one (channels, taps, points) gather buffer on the host: 2 MiB of float32;
+# fewer, longer take/einsum calls measured 8-10% faster with two threads than 1 << 17
+_HOST_BLOCK = 1 << 19
 _TAPS_POINTS = 1 << 13  # grid points whose taps the host computes at once (cache-sized)
 _THREAD_WORK = 1 << 20  # gathered tap elements (~1 ms) per extra host thread
 
