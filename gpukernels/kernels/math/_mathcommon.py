@@ -10,7 +10,9 @@ from ...xp import is_cupy_array, parallel_ranges
 
 # ---------------------------------------------------------------- blocked evaluation
 
-_BLOCK = 1 << 14  # elements per block: a few float32 temporaries stay in L2
+# elements per block: the chain's float32 temporaries (256 KiB each) stay in L2; 4x the
+# former 1 << 14, whose per-call overhead made Mish on 8M elements 1.7x slower
+_BLOCK = 1 << 16
 
 
 def blockwise(xp, fn, x, out_dtype=None, *others):

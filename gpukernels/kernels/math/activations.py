@@ -129,7 +129,9 @@ _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 # through exp: x / (1 + inf) = -0 and x / (1 + 0) = x.  18 in-place ufunc calls per block.
 _GELU_P = (20064.30513059213, 2484.119269651739, 188.2809829766163, 4.770953939984689)
 _GELU_Q = (25146.876477614733, 1968.199399786798, 147.50310082960888)  # + z^3
-_GELU_BLOCK = 1 << 16  # elements: x, out and two scratch blocks stay in L2
+# elements per block: x, out and two scratch blocks (2 MiB of float32 together); twice
+# L2-sized blocks measured 15% faster (18 calls' fixed overhead per block)
+_GELU_BLOCK = 1 << 17
 
 
 def _gelu_erf_f32(xp, x):

@@ -154,7 +154,7 @@ class BatchNormalization(KernelBase):
         return self.LegacyResult(y, run_mean, run_var, saved_mean, saved_var)
 
 
-_AFFINE_BLOCK_BYTES = 256 * 1024
+_AFFINE_BLOCK_BYTES = 1 << 20
 
 
 def _scale_shift_host(x, a, shift):
@@ -272,7 +272,10 @@ class LayerNormalization(KernelBase):
         return self.Result(out, mean_t, inv_t)
 
 
-_ROW_BLOCK_BYTES = 1 << 20
+# host row blocks of about this many bytes: each block costs ~10 NumPy calls of fixed
+# overhead, so blocks well past L2 (4 MiB, 1365 rows of 768) measured 15-20% faster than
+# 1 MiB ones on LayerNormalization 32x512x768
+_ROW_BLOCK_BYTES = 1 << 22
 
 
 def _prod(shape) -> int:
