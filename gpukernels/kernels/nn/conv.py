@@ -393,7 +393,8 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O):
     return y.reshape((N, M) + tuple(O))
 
 
-_DEPTHWISE_TAPS_BYTES = 1 << 19  # host depthwise: the tap copies of one channel block (512 KiB: 5-15% faster than 1 MiB)
+# host depthwise: the tap copies of one channel block (512 KiB: 5-15% faster than 1 MiB)
+_DEPTHWISE_TAPS_BYTES = 1 << 19
 
 
 def _depthwise_host_2d(x, w, b, strides, pads, dilations, O):

@@ -16,8 +16,8 @@ weight 0.  On the host, linear and cubic modes gather all taps of a block of cha
 one batch entry straight from the channels-first input with one np.take along the
 flattened spatial axis (the output points run along the contiguous axis), and one einsum
 sums them with their weights into the output rows; work units (groups of batch entries,
-or channel blocks of a single entry) go to the host threads as they come free.  Elsewhere (nearest, a GPU) the input is transposed to channels-last
-once, one gather fetches the channel vectors of every tap of a chunk of output points,
+or channel blocks of a single entry) go to the host threads as they come free.
+Elsewhere (nearest, a GPU) the input is transposed to channels-last once, one gather fetches the channel vectors of every tap of a chunk of output points,
 one einsum sums them with their weights, and the result is transposed back once.
 """
 
