@@ -215,15 +215,62 @@ def _one_to(n):
     return _ONE_TO[:n] if n <= _ONE_TO.size else np.arange(1, n + 1)
 
 
+def _cross_hits(sel, geo, thr):
+    """Which candidates (columns of geo, as from _host_corners) a selected box (columns of
+    sel) suppresses: bool (m,), by the exact float32 test of _iou_suppresses.
+
+    With the selected boxes sorted by ymin, candidate k can only overlap those starting
+    before it ends and no earlier than its start minus the tallest selected box (two
+    searchsorted bounds, in float64), so only those pairs are listed -- as flat index
+    arrays, at most _PAIR_BUDGET pairs at a time.  NaN corners never suppress (their
+    tests fail, and a NaN bound lists no pair)."""
+    m = geo.shape[1]
+    hit = np.zeros(m, bool)
+    if m == 0 or sel.shape[1] == 0:
+        return hit
+    s = sel[:, np.argsort(sel[0], kind="stable")]
+    s0 = s[0].astype(np.float64)
+    heights = s[2].astype(np.float64) - s0
+    finite = heights[~np.isnan(heights)]
+    tall = float(finite.max()) if finite.size else 0.0
+    with np.errstate(invalid="ignore"):
+        lo = np.searchsorted(s0, geo[0].astype(np.float64) - tall, side="left")
+    hi = np.searchsorted(s0, geo[2].astype(np.float64), side="left")  # ymin < candidate's ymax
+    counts = np.maximum(hi - lo, 0)
+    ends = np.cumsum(counts)
+    first = 0
+    while first < m:
+        done = int(ends[first - 1]) if first else 0
+        last = max(first + 1, int(np.searchsorted(ends, done + _PAIR_BUDGET, side="right")))
+        c = counts[first:last]
+        total = int(c.sum())
+        if total:
+            ci = np.repeat(np.arange(first, last), c)
+            si = np.repeat(lo[first:last] - (np.cumsum(c) - c), c) + np.arange(total)
+            ih = np.minimum(s[2][si], geo[2][ci]) - np.maximum(s[0][si], geo[0][ci])
+            iw = np.minimum(s[3][si], geo[3][ci]) - np.maximum(s[1][si], geo[1][ci])
+            inter = np.maximum(ih, 0, out=ih)
+            inter *= np.maximum(iw, 0, out=iw)
+            aa, ab = s[4][si], geo[4][ci]
+            union = aa + ab
+            union -= inter
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ok = inter / union > np.float32(thr)
+            ok &= np.minimum(np.minimum(inter, union), np.minimum(aa, ab)) > 0
+            hit[ci[ok]] = True
+        first = last
+    return hit
+
+
 def _host_pair(boxes, scores, valid, n, cap, thr, center):
     """Greedy NMS of one (batch, class) pair on the host: the box indices selected, in
     selection order, or None (workspace limit: use the block path).
 
     Candidates are taken best first in chunks: the first chunk is a little more than cap
-    (usually enough), found by a partial sort.  Each chunk is swept together with the
-    boxes selected so far (_sweep_edges; a chunk with too many pairs to look at is halved);
-    edges from a selected box remove their target, the rest are resolved greedily in order
-    (_greedy_removed)."""
+    (usually enough), found by a partial sort.  Within a chunk, the suppression edges come
+    from a sweep (_sweep_edges; a chunk with too many pairs to look at is halved); the
+    candidates a box selected from earlier chunks suppresses are found by _cross_hits and
+    removed first; the rest is resolved greedily in order (_greedy_removed)."""
     if valid is None:
         key = -scores
         nvalid = n
@@ -236,20 +283,14 @@ def _host_pair(boxes, scores, valid, n, cap, thr, center):
     while True:
         cand = _host_order(key, stop)[start:]
         geo = _host_corners(boxes.take(cand, axis=0), center)
-        ns = 0 if sel_geo is None else sel_geo.shape[1]
-        edges = _sweep_edges(geo if ns == 0 else np.concatenate([sel_geo, geo], axis=1), thr)
-        if edges is None:  # too many pairs: a smaller chunk if that can help, else blocks
-            if stop - start <= max(ns, 64):
+        edges = _sweep_edges(geo, thr)
+        if edges is None:  # too many pairs in the chunk: a smaller chunk, else the blocks
+            if stop - start <= 64:
                 return None
             stop = start + (stop - start) // 2
             continue
         src, dst = edges
-        gone = []
-        if ns:
-            outer = src < ns  # edges from a selected box (two selected boxes never share one)
-            gone = (dst[outer] - ns).tolist()
-            inner = ~outer
-            src, dst = src[inner] - ns, dst[inner] - ns
+        gone = [] if sel_geo is None else np.flatnonzero(_cross_hits(sel_geo, geo, thr)).tolist()
         if src.size:
             gone = _greedy_removed(cand.size, gone, src, dst)
         if len(gone):

@@ -230,3 +230,23 @@ def test_non_contiguous_inputs(device, rng):
     big[..., ::2] = boxes
     scores = rng.random((1, 2, 100)).astype(np.float32)
     check(big[..., ::2], scores[:, ::-1], 30, 0.4, device=device)
+
+
+@pytest.mark.parametrize("budget", [None, 3000])
+def test_later_chunks_against_many_selected(device, rng, monkeypatch, budget):
+    """Candidates of later chunks checked against the boxes selected before them
+    (detection._cross_hits: a y-window per candidate, pairs in groups of at most
+    _PAIR_BUDGET); with tall, zero-height and NaN boxes among them."""
+    if budget:
+        monkeypatch.setattr(detection, "_PAIR_BUDGET", budget)
+    calls = []
+    real = detection._cross_hits
+    monkeypatch.setattr(detection, "_cross_hits", lambda *a: calls.append(a[0].shape[1]) or real(*a))
+    boxes = boxes_of(rng, 1, 900, 120.0, 2, 30)
+    boxes[0, 7::53, 2] = boxes[0, 7::53, 0] + 100  # tall
+    boxes[0, 5::41, 2] = boxes[0, 5::41, 0]  # zero height
+    boxes[0, ::37, 1] = np.nan
+    scores = rng.random((1, 2, 900)).astype(np.float32)
+    check(boxes, scores, 300, 0.3, device=device)
+    if device == "cpu":
+        assert calls and max(calls) > 100  # later chunks met over a hundred selected boxes
