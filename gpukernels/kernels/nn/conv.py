@@ -15,25 +15,24 @@ Paths (all on the array namespace, so they run on NumPy and CuPy alike):
   the zero padding is applied per chunk too (only the rows a chunk reads), so the
   scratch never exceeds the bound plus one padded row block, whatever the input size.
 
+2-D convolutions on the host take the NumPy-only paths of _conv_host.py instead (a
+phase-split column matrix, tap products without one, depthwise as per-channel products).
+
 Half types (float16, bfloat16) are computed in float32 and rounded once; double stays
 double.  On a GPU the hand-written CUDA kernel (gpukernels.gpu.conv) is tried first.
 """
 
 from __future__ import annotations
 
-import math
-import threading
-
 import numpy as np
 
-from ...xp import host_blocks, parallel_ranges
+from ...xp import parallel_ranges
 from ..base import KernelBase, register
+from . import _conv_host as host
 from . import _spatial as sp
 
 _CACHE_BLOCK_BYTES = 256 * 1024
-# output elements per host thread before splitting: high, because waking a second thread
-# costs more than it saves for calls of a few milliseconds (measured on a 2-core VM)
-_DEPTHWISE_THREAD_ITEMS = 1 << 22
+_DEPTHWISE_THREAD_ITEMS = host.DEPTHWISE_THREAD_ITEMS  # see there
 
 
 def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
@@ -55,14 +54,14 @@ def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
         y = xp.zeros((N, M, *O), dtype=dtype)
     elif group == C and w.shape[1] == 1 and group > 1:
         if xp is np and n_sp == 2:
-            return _depthwise_host_2d(x, w, b, strides, pads, dilations, O)
+            return host.depthwise_2d(x, w, b, strides, pads, dilations, O)
         return _depthwise(xp, x, w, b, strides, pads, dilations, O)
     elif all(k == 1 for k in K) and not any(pads):
         y = _pointwise(xp, x, w, strides, group, O)
     elif xp is np and n_sp == 2 and group == 1 and x.dtype.kind == "f":
-        if _use_tap_products(x.shape[1], M, strides, O, K, dilations):
-            return _host_conv2d_taps(x, w, b, pads, dilations, O)
-        return _host_conv2d(x, w, b, strides, pads, dilations, O)
+        if host.use_tap_products(x.shape[1], M, strides, O, K, dilations):
+            return host.conv2d_taps(x, w, b, pads, dilations, O)
+        return host.conv2d(x, w, b, strides, pads, dilations, O)
     else:
         y = _im2col(xp, x, w, strides, pads, dilations, group, O)
     if b is not None:
@@ -141,185 +140,6 @@ def _im2col(xp, x, w, strides, pads, dilations, group, O):
     return y
 
 
-# Host (NumPy) 2-D convolution.  Strides and dilations are removed by a phase split of the
-# zero-padded input: along an axis with stride s, tap i reads padded position o*s + i*d =
-# (o + q)*s + r with q, r = divmod(i*d, s), i.e. row o + q of phase image r (the padded
-# rows r, r + s, ...), so every tap reads a contiguous, stride-1 run of a phase image.
-# The column matrix is then filled by one copy per (kernel row, column phase) -- rows
-# (channel, tap) -- and a row of ones carries the bias into the matrix product, whose
-# output lands in NCHW order.  Two layouts of the columns:
-# * "wide" (stride-1 width, kernels wider than 1): each output row is computed over the
-#   whole phase-image width Wq = Wo + (kw-1)*dw/s and cropped afterwards, so a column block
-#   is one long contiguous run per (channel, tap) (a near memcpy) instead of Wo-long runs;
-#   chosen by _use_wide;
-# * otherwise exact rows of Wo, with the product written straight into Y.
-_HOST_COLS_BYTES = 8 * 1024 * 1024
-
-
-def _use_wide(kw, Wq, Wo, K, M) -> bool:
-    """Wide rows when the extra columns cost little and the column copy (K rows per
-    pixel) outweighs the crop copy (M per pixel); measured on a 2-core AVX-512 host."""
-    return kw > 1 and (Wq - Wo) * 8 <= Wo and K >= 4 * M
-
-
-def _phase_split(x, sh, sw, ph, pw, Hq, Wq, out):
-    """out[n, c, rh, rw, a, b] = padded x[n, c, a*sh + rh - ph, b*sw + rw - pw] (zero outside
-    x), for a < Hq, b < Wq; out's spare row a = Hq is zeroed (wide reads run into it)."""
-    H, W = x.shape[2:]
-    out[:, :, :, :, Hq:] = 0
-    for rh in range(sh):
-        a0 = max(0, -(-(ph - rh) // sh))
-        a1 = min(Hq, (H - 1 + ph - rh) // sh + 1)
-        for rw in range(sw):
-            b0 = max(0, -(-(pw - rw) // sw))
-            b1 = min(Wq, (W - 1 + pw - rw) // sw + 1)
-            dst = out[:, :, rh, rw, :Hq]
-            if a1 <= a0 or b1 <= b0:
-                dst[...] = 0
-                continue
-            dst[:, :, :a0] = 0
-            dst[:, :, a1:] = 0
-            dst[:, :, a0:a1, :b0] = 0
-            dst[:, :, a0:a1, b1:] = 0
-            y0, x0 = a0 * sh + rh - ph, b0 * sw + rw - pw
-            dst[:, :, a0:a1, b0:b1] = x[:, :, y0:y0 + (a1 - a0 - 1) * sh + 1:sh,
-                                        x0:x0 + (b1 - b0 - 1) * sw + 1:sw]
-
-
-def _host_conv2d(x, w, b, strides, pads, dilations, O):
-    """Y = conv(x, w) + b for 2-D, group 1, float x on the host (see the comment above)."""
-    N, C, H, W = x.shape
-    M, _, kh, kw = w.shape
-    (sh, sw), (dh, dw) = strides, dilations
-    Ho, Wo = O
-    dtype = x.dtype
-    item = dtype.itemsize
-    qi = [(i * dh) // sh for i in range(kh)]
-    ri = [(i * dh) % sh for i in range(kh)]
-    # kernel columns grouped by column phase: for phase r the taps js (ascending) have
-    # q = (j*dw)//sw in steps of dw/gcd(sw, dw)
-    groups = []
-    for r in range(sw):
-        js = [j for j in range(kw) if (j * dw) % sw == r]
-        if js:
-            groups.append((r, js, (js[0] * dw) // sw))
-    qstep = dw // math.gcd(sw, dw)
-    Hq = Ho + max(qi)
-    Wq = Wo + ((kw - 1) * dw) // sw
-    K = C * kh * kw
-    wide = _use_wide(kw, Wq, Wo, K, M)
-    Wc = Wq if wide else Wo
-    # the bias rides in the product (a row of ones in the columns) when copying the weights
-    # once costs less than a pass over the output
-    ones_row = b is not None and K < N * Ho * Wo
-    wm = w.reshape(M, K)
-    if ones_row:
-        wm = np.concatenate([wm, b.reshape(M, 1).astype(dtype, copy=False)], axis=1)
-    Kc = K + ones_row
-    # chunks: whole images while they fit the column budget, else row blocks of one image
-    per_image = Kc * Ho * Wc * item
-    if per_image <= _HOST_COLS_BYTES:
-        nb = max(1, min(N, _HOST_COLS_BYTES // per_image))
-        chunks = [(n0, min(N, n0 + nb), 0, Ho) for n0 in range(0, N, nb)]
-        rows = Ho
-    else:
-        nb = 1
-        rows = max(1, _HOST_COLS_BYTES // (Kc * Wc * item))
-        chunks = [(n0, n0 + 1, r0, min(Ho, r0 + rows)) for n0 in range(N) for r0 in range(0, Ho, rows)]
-    y = np.empty((N, M, Ho, Wo), dtype=dtype)
-    cols = np.empty((nb, Kc, rows * Wc), dtype=dtype)
-    if ones_row:
-        cols[:, K] = 1
-    z = np.empty((nb, C, sh, sw, Hq + 1, Wq), dtype=dtype)
-    zs = z.strides
-    bias = None if b is None else b.reshape(M, 1, 1).astype(dtype, copy=False)
-    done_images = None
-    for n0, n1, r0, r1 in chunks:
-        n = n1 - n0
-        if done_images != (n0, n1):
-            zc = z[:n]
-            _phase_split(x[n0:n1], sh, sw, pads[0], pads[1], Hq, Wq, zc)
-            done_images = (n0, n1)
-        nr = r1 - r0
-        L = nr * Wc
-        cc = cols[:n, :, :L]
-        # rows in W's own order (channel, kernel row, kernel column): no weight reordering
-        c5 = cc[:, :K].reshape(n, C, kh, kw, L)
-        for i in range(kh):
-            for r, js, q0 in groups:
-                # zc[0, 0, ri[i], r, r0 + qi[i], q0] onwards (np.ndarray over the scratch
-                # is a much cheaper view than as_strided for these small calls)
-                start = ri[i] * zs[2] + r * zs[3] + (r0 + qi[i]) * zs[4] + q0 * item
-                view = np.ndarray((n, C, len(js), nr, Wc), dtype, z, start,
-                                  (zs[0], zs[1], qstep * item, zs[4], item))
-                step = js[1] - js[0] if len(js) > 1 else 1
-                dst = c5[:, :, i, js[0]:js[-1] + 1:step]
-                dst.reshape(n, C, len(js), nr, Wc)[...] = view
-        if wide:
-            y[n0:n1, :, r0:r1] = np.matmul(wm, cc).reshape(n, M, nr, Wq)[..., :Wo]
-        else:
-            dst = y[n0:n1].reshape(n, M, Ho * Wo)[:, :, r0 * Wo:r1 * Wo]
-            np.matmul(wm, cc, out=dst)
-    if bias is not None and not ones_row:
-        y += bias
-    return y
-
-
-def _use_tap_products(C, M, strides, O, K, dilations) -> bool:
-    """Tap products (_host_conv2d_taps) for unit strides when the output has few channels
-    next to the input's (the im2col copy is then most of the cost) and the rows are long
-    enough for efficient products; measured on a 2-core AVX-512 host (128 -> 32 channels
-    at 56x56: 1.5x faster; 64 -> 64: 10% slower)."""
-    wide = (O[0]) * (O[1] + (K[1] - 1) * dilations[1])
-    return tuple(strides) == (1, 1) and wide >= 128 and (2 * M <= C or (M <= 32 and C >= 64))
-
-
-def _host_conv2d_taps(x, w, b, pads, dilations, O):
-    """Y = conv(x, w) + b for 2-D, group 1, unit strides on the host, without a column
-    matrix: the zero-padded planes of an image are laid out with "wide" rows (the padded
-    width Wp = Wo + (kw-1)*dw, plus a spare zero row), so the input window of kernel tap
-    (i, j) is, for every channel, one contiguous run of Ho * Wp elements at offset
-    i*dh*Wp + j*dw -- a (C, Ho*Wp) matrix view with the plane size as its row stride,
-    which BLAS reads directly.  Y's wide rows are the sum over taps of W[:, :, i, j] @
-    view (one product per tap, accumulated); the columns past Wo are dropped by the copy
-    into Y, which also adds the bias."""
-    N, C, H, W = x.shape
-    M, _, kh, kw = w.shape
-    dh, dw = dilations
-    ph, pw = pads[0], pads[1]
-    Ho, Wo = O
-    Hp = Ho + (kh - 1) * dh
-    Wp = Wo + (kw - 1) * dw
-    L = Ho * Wp
-    dtype = x.dtype
-    item = dtype.itemsize
-    rows, cols = max(0, min(Hp, ph + H) - ph), max(0, min(Wp, pw + W) - pw)
-    pad = np.zeros((C, Hp + 1, Wp), dtype)
-    plane = (Hp + 1) * Wp
-    wt = np.ascontiguousarray(w.transpose(2, 3, 0, 1))  # (kh, kw, M, C)
-    acc = np.empty((M, L), dtype)
-    tmp = np.empty((M, L), dtype)
-    bias = None if b is None else b.reshape(M, 1, 1).astype(dtype, copy=False)
-    y = np.empty((N, M, Ho, Wo), dtype)
-    for n in range(N):
-        if rows and cols:
-            pad[:, ph:ph + rows, pw:pw + cols] = x[n, :, :rows, :cols]
-        for i in range(kh):
-            for j in range(kw):
-                view = np.ndarray((C, L), dtype, pad, (i * dh * Wp + j * dw) * item, (plane * item, item))
-                if i == 0 and j == 0:
-                    np.matmul(wt[i, j], view, out=acc)
-                else:
-                    np.matmul(wt[i, j], view, out=tmp)
-                    acc += tmp
-        res = acc.reshape(M, Ho, Wp)[:, :, :Wo]
-        if bias is None:
-            y[n] = res
-        else:
-            np.add(res, bias, out=y[n])
-    return y
-
-
 def _depthwise(xp, x, w, b, strides, pads, dilations, O):
     """group == C: each output channel c*m + j reads input channel c only.
 
@@ -391,76 +211,6 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O):
         for c0 in starts:
             run_block(c0)
     return y.reshape((N, M) + tuple(O))
-
-
-# host depthwise: the tap copies of one channel block (512 KiB: 5-15% faster than 1 MiB)
-_DEPTHWISE_TAPS_BYTES = 1 << 19
-
-
-def _depthwise_host_2d(x, w, b, strides, pads, dilations, O):
-    """Depthwise 2-D convolution on the host.
-
-    Per (image, channel block) work unit, the block's planes are copied once into a
-    zero-bordered scratch (plus one spare zero row), kept per thread and reused by its
-    next units, so only the interior is ever written.  One copy then lays the windows of
-    all taps out as a (taps, pixels) matrix per channel, and one batched matrix product
-    (multiplier x taps) @ (taps x pixels) sums the taps -- one BLAS call per channel
-    instead of two passes per tap, which matters most for the small planes of mobile
-    networks.  With a column stride of 1 the windows are "wide" rows (the padded width
-    Wp = Wo + (kw-1)*dw), so each tap's window is one contiguous run; the columns past
-    Wo are dropped by the final copy into Y, which also adds the bias.  Units go to the
-    host threads as they come free when the call is big enough to pay for waking a
-    second thread."""
-    N, C, H, W = x.shape
-    m = w.shape[0] // C
-    kh, kw = w.shape[2:]
-    T = kh * kw
-    sh, sw = strides
-    dh, dw = dilations
-    ph, pw = pads[0], pads[1]
-    Ho, Wo = O
-    Hp = (Ho - 1) * sh + (kh - 1) * dh + 1
-    Wp = (Wo - 1) * sw + (kw - 1) * dw + 1
-    Wc = Wp if sw == 1 else Wo  # columns per window row: wide rows, or the exact outputs
-    L = Ho * Wc
-    dtype = x.dtype
-    item = dtype.itemsize
-    # padded rows/columns holding input data (pads may exceed what the output reads)
-    rows, cols = max(0, min(Hp, ph + H) - ph), max(0, min(Wp, pw + W) - pw)
-    cb = max(1, min(C, _DEPTHWISE_TAPS_BYTES // max(1, T * L * item)))
-    nblk = -(-C // cb)
-    wv = w.reshape(C, m, T)
-    bias = None if b is None else b.reshape(C, m, 1, 1).astype(dtype, copy=False)
-    y = np.empty((N, C, m, Ho, Wo), dtype=dtype)
-    local = threading.local()
-
-    def unit(u):
-        n, blk = divmod(u, nblk)
-        c0 = blk * cb
-        c1 = min(C, c0 + cb)
-        k = c1 - c0
-        bufs = getattr(local, "bufs", None)
-        if bufs is None:  # zeroed once per thread: the borders stay zero
-            bufs = local.bufs = (np.zeros((cb, Hp + 1, Wp), dtype), np.empty((cb, T, L), dtype),
-                                 np.empty((cb, m, L), dtype))
-        pad, taps, acc = bufs
-        if rows and cols:
-            pad[:k, ph:ph + rows, pw:pw + cols] = x[n, c0:c1, :rows, :cols]
-        st = pad.strides
-        windows = np.ndarray((k, kh, kw, Ho, Wc), dtype, pad, 0,
-                             (st[0], dh * Wp * item, dw * item, sh * Wp * item, sw * item))
-        taps[:k].reshape(k, kh, kw, Ho, Wc)[...] = windows
-        np.matmul(wv[c0:c1], taps[:k], out=acc[:k])
-        res = acc[:k].reshape(k, m, Ho, Wc)[..., :Wo]
-        if bias is None:
-            y[n, c0:c1] = res
-        else:
-            np.add(res, bias[c0:c1], out=y[n, c0:c1])
-
-    units = N * nblk
-    threads = 2 if N * C * m * Ho * Wo >= _DEPTHWISE_THREAD_ITEMS else 1
-    host_blocks(units, 1, lambda u0, u1: [unit(u) for u in range(u0, u1)], threads=threads)
-    return y.reshape((N, C * m, Ho, Wo))
 
 
 def check_conv_ranks(kernel, x, w, group, w_name="W") -> tuple[int, int]:

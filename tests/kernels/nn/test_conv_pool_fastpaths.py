@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpukernels.kernels.base import KernelContext
+from gpukernels.kernels.nn import _conv_host as conv_host
 from gpukernels.kernels.nn import conv as conv_mod
 from gpukernels.kernels.nn import pool as pool_mod
 from gpukernels.kernels.nn.conv import Conv
@@ -72,9 +73,9 @@ CONV_CASES = [
 def test_host_conv2d_matches_reference(case, wide, budget, rng, monkeypatch):
     xs, ws, strides, pads, dil = case
     if wide is not None:
-        monkeypatch.setattr(conv_mod, "_use_wide", lambda *a: wide)
+        monkeypatch.setattr(conv_host, "_use_wide", lambda *a: wide)
     if budget is not None:  # one row per chunk: exercises the row chunking
-        monkeypatch.setattr(conv_mod, "_HOST_COLS_BYTES", budget)
+        monkeypatch.setattr(conv_host, "HOST_COLS_BYTES", budget)
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
     b = rng.standard_normal(ws[0]).astype(np.float32)
@@ -92,9 +93,9 @@ def test_host_conv2d_image_chunks_double_and_noncontiguous(rng, monkeypatch):
     w = rng.standard_normal((6, 4, 3, 3))
     b = rng.standard_normal(6)
     per_image = (4 * 9 + 1) * 12 * 11 * 8
-    monkeypatch.setattr(conv_mod, "_HOST_COLS_BYTES", 2 * per_image + 5)
+    monkeypatch.setattr(conv_host, "HOST_COLS_BYTES", 2 * per_image + 5)
     for wide in (True, False):
-        monkeypatch.setattr(conv_mod, "_use_wide", lambda *a, wide=wide: wide)
+        monkeypatch.setattr(conv_host, "_use_wide", lambda *a, wide=wide: wide)
         y = conv_mod.conv_forward(np, x, w, b, [1, 1], [1, 0, 0, 1], [1, 1], 1)
         assert y.dtype == np.float64
         np.testing.assert_allclose(y, ref_conv(x, w, b, (1, 1), (1, 0, 0, 1), (1, 1)), rtol=1e-10, atol=1e-10)
@@ -118,8 +119,9 @@ def test_depthwise_threads_and_bias(case, threads, rng, monkeypatch):
     xs, mult, strides, pads, dil = case
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
     monkeypatch.setattr(conv_mod, "_DEPTHWISE_THREAD_ITEMS", 1)
+    monkeypatch.setattr(conv_host, "DEPTHWISE_THREAD_ITEMS", 1)
     monkeypatch.setattr(conv_mod, "_CACHE_BLOCK_BYTES", 1)  # one channel per block
-    monkeypatch.setattr(conv_mod, "_DEPTHWISE_TAPS_BYTES", 1)
+    monkeypatch.setattr(conv_host, "DEPTHWISE_TAPS_BYTES", 1)
     C = xs[1]
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal((C * mult, 1, 3, 3)).astype(np.float32)

@@ -1,8 +1,10 @@
-"""The host depthwise path with wide rows (conv._depthwise_host_2d: unit column stride,
-per-thread zero-bordered scratch reused across channel blocks) against a float64 loop
-reference on random inputs: kernel sizes 1-5, row strides 1-3, dilations, asymmetric and
-oversized pads, channel multipliers, batches, float64, non-contiguous inputs, one and two
-threads, and blocks of one channel (so a thread's scratch is reused by later blocks)."""
+"""The host depthwise 2-D path (_conv_host.depthwise_2d: per-thread zero-bordered scratch
+reused across channel blocks, the tap windows as a matrix per channel, one batched
+product; wide rows for a unit column stride, exact strided columns otherwise) against a
+float64 loop reference on random inputs: kernel sizes 1-5, row and column strides 1-3,
+dilations, asymmetric and oversized pads, channel multipliers, batches, float64,
+non-contiguous inputs, one and two threads, and blocks of one channel (so a thread's
+scratch is reused by later blocks)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 
 from gpukernels.kernels.base import KernelContext
+from gpukernels.kernels.nn import _conv_host as conv_host
 from gpukernels.kernels.nn import conv as conv_mod
 from gpukernels.kernels.nn.conv import Conv
 
@@ -62,8 +65,9 @@ def test_depthwise_wide_matches_reference(case, threads, rng, monkeypatch):
     xs, mult, ks, strides, pads, dil = case
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
     monkeypatch.setattr(conv_mod, "_DEPTHWISE_THREAD_ITEMS", 1)
+    monkeypatch.setattr(conv_host, "DEPTHWISE_THREAD_ITEMS", 1)
     monkeypatch.setattr(conv_mod, "_CACHE_BLOCK_BYTES", 1)  # one channel per block
-    monkeypatch.setattr(conv_mod, "_DEPTHWISE_TAPS_BYTES", 1)
+    monkeypatch.setattr(conv_host, "DEPTHWISE_TAPS_BYTES", 1)
     C = xs[1]
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal((C * mult, 1) + ks).astype(np.float32)
