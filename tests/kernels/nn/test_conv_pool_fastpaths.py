@@ -11,7 +11,7 @@ import pytest
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.nn import _conv_host as conv_host
 from gpukernels.kernels.nn import conv as conv_mod
-from gpukernels.kernels.nn import pool as pool_mod
+from gpukernels.kernels.nn import _pool_host as pool_host
 from gpukernels.kernels.nn.conv import Conv
 from gpukernels.kernels.nn.pool import MaxPool
 
@@ -141,8 +141,8 @@ def test_depthwise_threads_and_bias(case, threads, rng, monkeypatch):
 def test_maxpool_threads(case, threads, rng, monkeypatch):
     xs, k, s, p, d = case
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
-    monkeypatch.setattr(pool_mod, "_DENSE_THREAD_BYTES", 1)
-    monkeypatch.setattr(pool_mod, "_DENSE_BLOCK_BYTES", 1)  # one image-channel per block
+    monkeypatch.setattr(pool_host, "DENSE_THREAD_BYTES", 1)
+    monkeypatch.setattr(pool_host, "DENSE_BLOCK_BYTES", 1)  # one image-channel per block
     x = rng.standard_normal(xs).astype(np.float32)
     x[0, 0, 0, 0] = np.nan
     y = MaxPool(KernelContext("cpu"))(x, kernel_shape=list(k), strides=list(s), pads=list(p),

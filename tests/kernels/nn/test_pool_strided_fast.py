@@ -1,4 +1,4 @@
-"""The host strided pooling path (pool._pool_strided: taps applied at the output positions
+"""The host strided pooling path (_pool_host.pool_strided: taps applied at the output positions
 through strided views, edge windows recomputed from their valid taps) for MaxPool and
 AveragePool, against an independent float64 loop reference."""
 
