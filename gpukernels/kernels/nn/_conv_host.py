@@ -15,11 +15,14 @@ import threading
 
 import numpy as np
 
-from ...xp import host_blocks
+from ...xp import host_blocks, host_empty
 
 # output elements per host thread before splitting: high, because waking a second thread
 # costs more than it saves for calls of a few milliseconds (measured on a 2-core VM)
 DEPTHWISE_THREAD_ITEMS = 1 << 22
+# outputs from this size on come from the reusable host pool (xp.host_empty): fresh
+# arrays of a few MB are page-faulted in again on every call inside a model
+OUTPUT_POOL_BYTES = 1 << 18
 
 
 # Host (NumPy) 2-D convolution.  Strides and dilations are removed by a phase split of the
@@ -107,7 +110,7 @@ def conv2d(x, w, b, strides, pads, dilations, O):
         nb = 1
         rows = max(1, HOST_COLS_BYTES // (Kc * Wc * item))
         chunks = [(n0, n0 + 1, r0, min(Ho, r0 + rows)) for n0 in range(N) for r0 in range(0, Ho, rows)]
-    y = np.empty((N, M, Ho, Wo), dtype=dtype)
+    y = host_empty((N, M, Ho, Wo), dtype, OUTPUT_POOL_BYTES)
     cols = np.empty((nb, Kc, rows * Wc), dtype=dtype)
     if ones_row:
         cols[:, K] = 1
@@ -181,7 +184,7 @@ def conv2d_taps(x, w, b, pads, dilations, O):
     acc = np.empty((M, L), dtype)
     tmp = np.empty((M, L), dtype)
     bias = None if b is None else b.reshape(M, 1, 1).astype(dtype, copy=False)
-    y = np.empty((N, M, Ho, Wo), dtype)
+    y = host_empty((N, M, Ho, Wo), dtype, OUTPUT_POOL_BYTES)
     for n in range(N):
         if rows and cols:
             pad[:, ph:ph + rows, pw:pw + cols] = x[n, :, :rows, :cols]
@@ -239,7 +242,7 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O):
     nblk = -(-C // cb)
     wv = w.reshape(C, m, T)
     bias = None if b is None else b.reshape(C, m, 1, 1).astype(dtype, copy=False)
-    y = np.empty((N, C, m, Ho, Wo), dtype=dtype)
+    y = host_empty((N, C, m, Ho, Wo), dtype, OUTPUT_POOL_BYTES)
     local = threading.local()
 
     def unit(u):
