@@ -129,6 +129,18 @@ def _host_corners(rows, center):
 _PAD = np.array([[np.inf], [np.inf], [-np.inf], [-np.inf]], np.float32)
 
 
+def _iou_above(inter, aa, ab, thr):
+    """inter / (aa + ab - inter) > thr for pairs of boxes with areas aa, ab and overlap
+    inter (1-D float32), and inter, both areas and the union > 0 -- the float32 operations
+    of _iou_suppresses (a NaN anywhere fails)."""
+    union = aa + ab
+    union -= inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hit = inter / union > np.float32(thr)
+    hit &= np.minimum(np.minimum(inter, union), np.minimum(aa, ab)) > 0
+    return hit
+
+
 def _sweep_edges(geo, thr):
     """Suppression edges among boxes in visiting order, geo as from _host_corners: index
     arrays (src, dst), src < dst, with IoU(src, dst) > thr by the exact float32 test of
@@ -170,13 +182,7 @@ def _sweep_edges(geo, thr):
     ih -= ymin[1:][d]
     inter = np.maximum(ih, 0, out=ih)
     inter *= iw
-    aa, ab = area[pa], area[1:][d]
-    union = aa + ab
-    union -= inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        hit = inter / union > np.float32(thr)
-    # and inter, both areas and union > 0 (a NaN anywhere fails as in _iou_suppresses)
-    hit &= np.minimum(np.minimum(inter, union), np.minimum(aa, ab)) > 0
+    hit = _iou_above(inter, area[pa], area[1:][d], thr)
     pa, pb = perm[pa[hit]], perm[1:][d[hit]]
     return np.minimum(pa, pb), np.maximum(pa, pb)
 
@@ -251,13 +257,7 @@ def _cross_hits(sel, geo, thr):
             iw = np.minimum(s[3][si], geo[3][ci]) - np.maximum(s[1][si], geo[1][ci])
             inter = np.maximum(ih, 0, out=ih)
             inter *= np.maximum(iw, 0, out=iw)
-            aa, ab = s[4][si], geo[4][ci]
-            union = aa + ab
-            union -= inter
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ok = inter / union > np.float32(thr)
-            ok &= np.minimum(np.minimum(inter, union), np.minimum(aa, ab)) > 0
-            hit[ci[ok]] = True
+            hit[ci[_iou_above(inter, s[4][si], geo[4][ci], thr)]] = True
         first = last
     return hit
 

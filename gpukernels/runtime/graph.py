@@ -203,13 +203,13 @@ class PreparedGraph:
             values[sp.values.name] = self._place(sparse_to_dense(sp, self.base_dir))
         return values
 
-    def _foldable(self, p: PreparedNode) -> bool:
+    def _foldable(self, p: PreparedNode, graph_outputs: set) -> bool:
         """A node that computes the same tensors on every run from this graph's constants:
         a kernel (no subgraphs, no reads of enclosing values) whose class allows it, every
         input a constant, no output a graph output (those stay fresh values per run)."""
         return (p.kernel is not None and not p.needs_scope and type(p.kernel).foldable
                 and all(not n or n in self.constants for n in p.inputs)
-                and not any(n in self._output_set for n in p.outputs))
+                and not any(n in graph_outputs for n in p.outputs))
 
     def _fold_constants(self) -> None:
         """Constant folding: run each foldable node once (in graph order, so chains of
@@ -217,10 +217,10 @@ class PreparedGraph:
         (listed in self.folded).  A node is left to run normally when it raises, warns,
         returns something other than tensors, or its outputs would push the folded bytes
         past _FOLD_MAX_BYTES (memory held for the session's life)."""
-        self._output_set = set(self.output_names)
+        graph_outputs = set(self.output_names)
         kept, total = [], 0
         for p in self.nodes:
-            if not self._foldable(p):
+            if not self._foldable(p, graph_outputs):
                 kept.append(p)
                 continue
             args = [self.constants[n] if n else None for n in p.inputs]

@@ -154,7 +154,7 @@ def use_tap_products(C, M, strides, O, K, dilations) -> bool:
     next to the input's (the im2col copy is then most of the cost) and the rows are long
     enough for efficient products; measured on a 2-core AVX-512 host (128 -> 32 channels
     at 56x56: 1.5x faster; 64 -> 64: 10% slower)."""
-    wide = (O[0]) * (O[1] + (K[1] - 1) * dilations[1])
+    wide = O[0] * (O[1] + (K[1] - 1) * dilations[1])
     return tuple(strides) == (1, 1) and wide >= 128 and (2 * M <= C or (M <= 32 and C >= 64))
 
 

@@ -32,7 +32,6 @@ from . import _conv_host as host
 from . import _spatial as sp
 
 _CACHE_BLOCK_BYTES = 256 * 1024
-_DEPTHWISE_THREAD_ITEMS = host.DEPTHWISE_THREAD_ITEMS  # see there
 
 
 def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
@@ -205,7 +204,7 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O):
     starts = list(range(0, C, cb))
     if xp is np:
         per_block = max(1, N * cb * m * sp.prod(O))
-        parallel_ranges(len(starts), max(1, -(-_DEPTHWISE_THREAD_ITEMS // per_block)),
+        parallel_ranges(len(starts), max(1, -(-host.DEPTHWISE_THREAD_ITEMS // per_block)),
                         lambda first, last: [run_block(c0) for c0 in starts[first:last]])
     else:
         for c0 in starts:

@@ -1,5 +1,5 @@
-"""Host fast paths of Conv (phase-split / wide-row im2col, threaded depthwise) and
-MaxPool (threaded dense separable passes), against float64 references on random inputs,
+"""Host fast paths of Conv (phase-split / wide-row im2col; the depthwise path is tested in
+test_depthwise_host.py) and MaxPool (threaded separable passes), against float64 references on random inputs,
 including the boundaries of each special case (strides, dilations, asymmetric pads, row
 and image chunking, wide vs exact rows, non-contiguous inputs, thread splitting)."""
 
@@ -107,29 +107,6 @@ def test_host_conv2d_zero_padding_not_stale(rng):
     w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
     y = conv_mod.conv_forward(np, x, w, None, [2, 2], [1, 1, 1, 1], [1, 1], 1)
     np.testing.assert_allclose(y, ref_conv(x, w, None, (2, 2), (1, 1, 1, 1), (1, 1)), rtol=1e-4, atol=1e-3)
-
-
-@pytest.mark.parametrize("threads", ["1", "2"])
-@pytest.mark.parametrize("case", [
-    ((1, 12, 15, 14), 1, (1, 1), (1, 1, 1, 1), (1, 1)),
-    ((2, 6, 13, 11), 2, (2, 1), (0, 2, 1, 0), (1, 2)),
-    ((1, 5, 9, 9), 1, (2, 2), (1, 1, 1, 1), (1, 1)),
-])
-def test_depthwise_threads_and_bias(case, threads, rng, monkeypatch):
-    xs, mult, strides, pads, dil = case
-    monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
-    monkeypatch.setattr(conv_mod, "_DEPTHWISE_THREAD_ITEMS", 1)
-    monkeypatch.setattr(conv_host, "DEPTHWISE_THREAD_ITEMS", 1)
-    monkeypatch.setattr(conv_mod, "_CACHE_BLOCK_BYTES", 1)  # one channel per block
-    monkeypatch.setattr(conv_host, "DEPTHWISE_TAPS_BYTES", 1)
-    C = xs[1]
-    x = rng.standard_normal(xs).astype(np.float32)
-    w = rng.standard_normal((C * mult, 1, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(C * mult).astype(np.float32)
-    k = Conv(KernelContext("cpu"))
-    for bias in (b, None):
-        y = k(x, w, bias, group=C, strides=list(strides), pads=list(pads), dilations=list(dil)).numpy()
-        np.testing.assert_allclose(y, ref_conv(x, w, bias, strides, pads, dil, group=C), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])

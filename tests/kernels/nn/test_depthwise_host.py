@@ -56,6 +56,9 @@ CASES = [
     ((1, 5, 12, 11), 1, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # column stride 2
     ((2, 4, 10, 13), 2, (3, 2), (1, 3), (0, 1, 2, 2), (1, 2)),
     ((1, 3, 7, 7), 1, (5, 5), (3, 2), (2, 2, 2, 2), (1, 1)),
+    ((1, 12, 15, 14), 1, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((2, 6, 13, 11), 2, (3, 3), (2, 1), (0, 2, 1, 0), (1, 2)),
+    ((1, 5, 9, 9), 1, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
 ]
 
 
@@ -64,10 +67,8 @@ CASES = [
 def test_depthwise_wide_matches_reference(case, threads, rng, monkeypatch):
     xs, mult, ks, strides, pads, dil = case
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
-    monkeypatch.setattr(conv_mod, "_DEPTHWISE_THREAD_ITEMS", 1)
     monkeypatch.setattr(conv_host, "DEPTHWISE_THREAD_ITEMS", 1)
-    monkeypatch.setattr(conv_mod, "_CACHE_BLOCK_BYTES", 1)  # one channel per block
-    monkeypatch.setattr(conv_host, "DEPTHWISE_TAPS_BYTES", 1)
+    monkeypatch.setattr(conv_host, "DEPTHWISE_TAPS_BYTES", 1)  # one channel per block
     C = xs[1]
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal((C * mult, 1) + ks).astype(np.float32)
