@@ -230,11 +230,24 @@ def array_from_proto(proto: TensorProto, base_dir: str | None = None) -> np.ndar
     """Decode a TensorProto to a host array of the exact dtype.
 
     Packed sub-byte types (int4, uint4, int2, uint2, float4e2m1) are unpacked low bits
-    first, as the ONNX spec lays them out.  External data is read relative to base_dir.
+    first, as the ONNX spec lays them out.  External data is read from inside base_dir
+    only, and refused when base_dir is None (see gpukernels.external_data).  Data that
+    does not decode is a ModelError naming the tensor.
     """
     from onnx import numpy_helper
 
-    return numpy_helper.to_array(proto, base_dir or "")
+    from .errors import ModelError
+    from .external_data import is_external, read_external
+
+    if is_external(proto):
+        proto = read_external(proto, base_dir)
+    try:
+        return numpy_helper.to_array(proto)
+    except Exception as exc:  # noqa: BLE001 -- onnx/NumPy errors, re-raised with the tensor named
+        kind = TensorProto.DataType.Name(proto.data_type) \
+            if proto.data_type in TensorProto.DataType.values() else f"unknown type {proto.data_type}"
+        raise ModelError(f"tensor {proto.name!r} ({kind}, dims {list(proto.dims)}) cannot be "
+                         f"decoded: {type(exc).__name__}: {exc}") from exc
 
 
 def array_to_proto(array: np.ndarray, name: str = "") -> TensorProto:

@@ -29,8 +29,32 @@ class CudaKernelError(GpuKernelsError, RuntimeError):
     """A hand-written CUDA kernel failed to compile or launch."""
 
 
+class InputError(GpuKernelsError, ValueError):
+    """A value fed to a model does not match what the model declares for that input
+    (element type, rank, a fixed dimension)."""
+
+
 class ModelError(GpuKernelsError, ValueError):
     """A model or graph is malformed (missing values, bad attributes, bad subgraph)."""
+
+
+class ResourceLimitError(GpuKernelsError, ValueError):
+    """An operator, a graph or a model asked for more memory than the allocation limit
+    (option ``max_tensor_bytes`` / ``GPUKERNELS_MAX_TENSOR_BYTES``, see gpukernels.limits)
+    allows.  Raised before allocating.  Attributes: nbytes (the request), limit, shape
+    (or None) and op_type (or '')."""
+
+    def __init__(self, message: str, nbytes: int = 0, limit: int = 0, shape=None, op_type: str = ""):
+        super().__init__(message)
+        self.nbytes = nbytes
+        self.limit = limit
+        self.shape = None if shape is None else tuple(int(d) for d in shape)
+        self.op_type = op_type
+
+
+class OptionError(GpuKernelsError, ValueError):
+    """An option (KernelContext/Session options, or its GPUKERNELS_* environment
+    variable) that gpukernels does not know, or a value it cannot take."""
 
 
 class NodeError(GpuKernelsError):

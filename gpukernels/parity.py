@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from .archive import DataError, read_npz, safe_name, write_npz
 from .errors import DeviceError, ModelError
+from .inputs import random_inputs
 
 
 @dataclass
@@ -134,12 +136,20 @@ def _run_external(model, feeds, side: Side, all_nodes: bool) -> dict:
             import onnxruntime as ort
         except ImportError as exc:
             raise ModelError("onnxruntime is not installed (pip install onnxruntime)") from exc
-        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-        results = sess.run(names, feeds)
+        try:
+            sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+            results = sess.run(names, feeds)
+        except Exception as exc:
+            raise ModelError(f"onnxruntime could not run the model: {exc}") from exc
     else:
         from onnx.reference import ReferenceEvaluator
 
-        results = ReferenceEvaluator(m).run(names, feeds)
+        try:
+            results = ReferenceEvaluator(m).run(names, feeds)
+        except (MemoryError, RecursionError):
+            raise
+        except Exception as exc:
+            raise ModelError(f"onnx.reference could not run the model: {type(exc).__name__}: {exc}") from exc
     return dict(zip(names, results))
 
 
@@ -148,32 +158,67 @@ def model_digest(model: onnx.ModelProto) -> str:
 
 
 def save_values(directory, label: str, model: onnx.ModelProto, feeds: dict, values: dict) -> None:
-    """Write one side's values (and the inputs used) to directory."""
+    """Write one side's values (and the inputs used) to directory: values.npz and
+    inputs.npz (safe archives, see gpukernels.archive) and index.json."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    keys = {}
-    arrays = {}
-    for i, (name, v) in enumerate(values.items()):
-        if isinstance(v, np.ndarray) and v.dtype != object:
-            keys[name] = f"v{i}"
-            arrays[f"v{i}"] = v.astype(np.float32) if v.dtype.type.__module__.startswith("ml_dtypes") else v
-    np.savez(d / "values.npz", **arrays)
-    np.savez(d / "inputs.npz", **{k: np.asarray(v) for k, v in feeds.items()})
-    (d / "index.json").write_text(json.dumps({"label": label, "model_digest": model_digest(model),
-                                              "values": keys}, indent=1))
+    arrays = {name: v for name, v in values.items() if isinstance(v, np.ndarray) and v.dtype != object}
+    write_npz(d / "values.npz", arrays)
+    write_npz(d / "inputs.npz", feeds)
+    (d / "index.json").write_text(json.dumps({"format": 2, "label": label, "model_digest": model_digest(model),
+                                              "values": list(arrays)}, indent=1))
+
+
+_INDEX_LIMIT = 64 << 20
+
+
+def _read_index(directory: Path) -> dict:
+    """index.json of a saved folder, its shape checked; DataError otherwise."""
+    where = safe_name(directory)
+    path = directory / "index.json"
+    if not path.is_file():
+        raise DataError(f"{where}: not a folder written by parity --save (no index.json)")
+    if path.stat().st_size > _INDEX_LIMIT:
+        raise DataError(f"{where}/index.json is larger than {_INDEX_LIMIT >> 20} MiB")
+    try:
+        index = json.loads(path.read_bytes().decode("utf-8"))
+    except RecursionError:
+        raise DataError(f"{where}/index.json is nested too deeply") from None
+    except ValueError as exc:
+        raise DataError(f"{where}/index.json is not valid JSON: {safe_name(exc)}") from None
+    if not isinstance(index, dict):
+        raise DataError(f"{where}/index.json must hold an object")
+    for key in ("label", "model_digest"):
+        if not isinstance(index.get(key), str):
+            raise DataError(f"{where}/index.json: {key!r} is missing or not a string")
+    values = index.get("values")
+    if isinstance(values, list) and all(isinstance(v, str) for v in values):
+        return index
+    if isinstance(values, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+        return index
+    raise DataError(f"{where}/index.json: 'values' must be a list of names (or a map of names to keys)")
 
 
 def load_values(directory, model: onnx.ModelProto) -> tuple[str, dict, dict]:
-    """(label, values, inputs) saved by save_values; checks it was the same model."""
+    """(label, values, inputs) saved by save_values; checks it was the same model.
+    Crafted folders get a DataError: missing or malformed index.json, pickled or
+    oversized arrays, names missing from the archive."""
     d = Path(directory)
-    index = json.loads((d / "index.json").read_text())
+    where = safe_name(d)
+    if not d.is_dir():
+        raise DataError(f"{where}: no such folder")
+    index = _read_index(d)
     if index["model_digest"] != model_digest(model):
-        raise ModelError(f"{directory}: the saved values come from a different model "
-                         f"(digest {index['model_digest']} vs {model_digest(model)})")
-    with np.load(d / "values.npz") as z:
-        values = {name: z[key] for name, key in index["values"].items()}
-    with np.load(d / "inputs.npz") as z:
-        inputs = {k: z[k] for k in z.files}
+        raise DataError(f"{where}: the saved values come from a different model "
+                        f"(digest {safe_name(index['model_digest'], 40)} vs {model_digest(model)})")
+    arrays = read_npz(d / "values.npz")
+    keys = index["values"] if isinstance(index["values"], dict) else {n: n for n in index["values"]}
+    missing = [n for n, k in keys.items() if k not in arrays]
+    if missing:
+        raise DataError(f"{where}/values.npz lacks value(s) listed in index.json: "
+                        f"{', '.join(safe_name(n, 80) for n in missing[:5])}")
+    values = {name: arrays[key] for name, key in keys.items()}
+    inputs = read_npz(d / "inputs.npz")
     return index["label"], values, inputs
 
 
@@ -264,7 +309,6 @@ def compare(model, sides: list | None = None, devices=("cpu",), against=None, in
     as the baseline side (its inputs are reused); save: write the first live side's
     values (and inputs) there.
     """
-    from .cli import random_inputs
     from .runtime import Session, load_model
     from .xp import Device, cuda_status
 
@@ -317,22 +361,29 @@ def compare(model, sides: list | None = None, devices=("cpu",), against=None, in
     return ParityReport(label, baseline_side.label, rtol, atol, reports, all(r.passed for r in reports))
 
 
+def _cell(text, width: int) -> str:
+    return f"{safe_name(text, width):{width}}"
+
+
 def format_report(report: ParityReport) -> str:
-    lines = [f"parity: {report.model}", f"baseline: {report.baseline}  (rtol {report.rtol:g}, atol {report.atol:g})"]
+    """The report as a text table; names from the model are escaped (safe_name)."""
+    lines = [f"parity: {safe_name(report.model)}",
+             f"baseline: {safe_name(report.baseline)}  (rtol {report.rtol:g}, atol {report.atol:g})"]
     for side in report.sides:
-        lines.append(f"\n== {side.label} vs {report.baseline}")
+        lines.append(f"\n== {safe_name(side.label)} vs {safe_name(report.baseline)}")
         lines.append(f"{'value':32} {'op':18} {'max abs':>10} {'max rel':>10} {'outside':>8} "
                      f"{'nan':>9} {'inf':>9} {'min atol':>10} {'min rtol':>10}  ok")
         for v in side.values:
-            lines.append(f"{v.name[:32]:32} {v.op_type[:18]:18} {v.max_abs:10.3g} {v.max_rel:10.3g} "
+            lines.append(f"{_cell(v.name, 32)} {_cell(v.op_type, 18)} {v.max_abs:10.3g} {v.max_rel:10.3g} "
                          f"{v.outside * 100:7.2f}% {str(v.nan[0]) + '/' + str(v.nan[1]):>9} "
                          f"{str(v.inf[0]) + '/' + str(v.inf[1]):>9} {v.min_atol:10.3g} {v.min_rtol:10.3g}  "
-                         f"{'yes' if v.passed else 'NO'}" + (f"  ({v.note})" if v.note else ""))
+                         f"{'yes' if v.passed else 'NO'}" + (f"  ({safe_name(v.note)})" if v.note else ""))
         if side.first_divergence:
             d = side.first_divergence
-            lines.append(f"first diverging node: '{d.node}' ({d.op_type}) attributes {d.attributes}")
+            lines.append(f"first diverging node: '{safe_name(d.node)}' ({safe_name(d.op_type)}) "
+                         f"attributes {safe_name(d.attributes)}")
             for name, shape, dtype in d.inputs:
-                lines.append(f"    input {name}: {dtype}{shape}")
-            lines.append(f"    outputs: {', '.join(d.outputs)}")
+                lines.append(f"    input {safe_name(name)}: {dtype}{shape}")
+            lines.append(f"    outputs: {', '.join(safe_name(o) for o in d.outputs)}")
     lines.append("\nPASSED" if report.passed else "\nFAILED")
     return "\n".join(lines)

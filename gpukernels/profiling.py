@@ -12,6 +12,8 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
+from .archive import safe_name
+
 
 @dataclass
 class NodeTime:
@@ -52,7 +54,7 @@ class _Timer:
 
 def profile(model, device: str = "cpu", repeat: int = 10, synchronize: bool | None = None,
             inputs: dict | None = None, seed: int = 0) -> ProfileReport:
-    from .cli import random_inputs
+    from .inputs import random_inputs
     from .runtime import Session
     from .xp import Device, synchronize as sync
 
@@ -86,8 +88,10 @@ def profile(model, device: str = "cpu", repeat: int = 10, synchronize: bool | No
 
 
 def format_profile(r: ProfileReport, top: int = 15) -> str:
+    """The report as text; names from the model are escaped (safe_name)."""
     total = sum(r.operators.values()) or 1.0
-    lines = [f"profile: {r.model} on {r.device}, {r.repeat} runs, per-node sync {'on' if r.synchronized else 'off'}",
+    lines = [f"profile: {safe_name(r.model)} on {r.device}, {r.repeat} runs, "
+             f"per-node sync {'on' if r.synchronized else 'off'}",
              f"whole model: {r.model_seconds_synced * 1e3:.3f} ms with per-node timing, "
              f"{r.model_seconds_free * 1e3:.3f} ms without"]
     if r.folded:
@@ -95,8 +99,8 @@ def format_profile(r: ProfileReport, top: int = 15) -> str:
     lines += ["", "top operators (total over runs):",
               f"{'op':24} {'ms/run':>10} {'share':>7}"]
     for op, t in r.operators.items():
-        lines.append(f"{op:24} {t / r.repeat * 1e3:10.3f} {t / total * 100:6.1f}%")
+        lines.append(f"{safe_name(op, 24):24} {t / r.repeat * 1e3:10.3f} {t / total * 100:6.1f}%")
     lines += ["", f"top {top} nodes:", f"{'node':32} {'op':18} {'ms/run':>10}"]
     for n in r.nodes[:top]:
-        lines.append(f"{n.node[:32]:32} {n.op_type[:18]:18} {n.seconds / r.repeat * 1e3:10.3f}")
+        lines.append(f"{safe_name(n.node, 32):32} {safe_name(n.op_type, 18):18} {n.seconds / r.repeat * 1e3:10.3f}")
     return "\n".join(lines)

@@ -213,7 +213,10 @@ def is_absent(value) -> bool:
 class Sequence:
     """An ONNX sequence: an element type and a list of Tensors of that type."""
 
-    __slots__ = ("elem_type", "tensors")
+    # held_bytes: set by kernels that build a sequence from another (SequenceInsert) to
+    # the bytes its tensors hold, so a sequence grown in a loop is not summed anew on
+    # every insert (gpukernels.limits); unset otherwise
+    __slots__ = ("elem_type", "tensors", "held_bytes")
 
     def __init__(self, tensors: Iterable = (), elem_type=None):
         items = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]

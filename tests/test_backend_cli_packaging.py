@@ -56,7 +56,7 @@ def test_cli_info_json(capsys):
 
 def test_cli_run_bundled_model(capsys, tmp_path):
     from gpukernels.conformance import missing_operators
-    from gpukernels.cli import bundled_model_path
+    from gpukernels.inputs import bundled_model_path
 
     model = onnx.load(str(bundled_model_path()))
     assert {"Conv", "Attention", "LinearAttention", "RotaryEmbedding"} <= {n.op_type for n in model.graph.node}
@@ -71,7 +71,7 @@ def test_cli_run_bundled_model(capsys, tmp_path):
     np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-5)
     # the same model through onnxruntime agrees
     ort = pytest.importorskip("onnxruntime")
-    from gpukernels.cli import random_inputs
+    from gpukernels.inputs import random_inputs
     from gpukernels.runtime import Session
 
     feeds = random_inputs(Session(str(bundled_model_path())), 0, {})

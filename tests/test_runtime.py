@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from gpukernels import Tensor
-from gpukernels.errors import ModelError, NodeError, UnsupportedOperatorError
+from gpukernels.errors import InputError, ModelError, NodeError, UnsupportedOperatorError
 from gpukernels.kernels import KernelContext, kernel_class, lookup
 from gpukernels.runtime import RuntimeContext, Session, run_graph, run_node
 
@@ -156,7 +156,7 @@ def test_missing_and_unknown_inputs_are_reported():
     m = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", F, [1])],
                [helper.make_tensor_value_info("y", F, None)])
     s = Session(m)
-    with pytest.raises(ModelError, match="missing input"):
+    with pytest.raises(InputError, match="missing input"):
         s.run(None, {})
-    with pytest.raises(ModelError, match="unknown input"):
+    with pytest.raises(InputError, match="unknown input"):
         s.run(None, {"x": np.ones(1, np.float32), "z": 1})

@@ -8,6 +8,7 @@ import onnx
 
 from .. import dtypes
 from ..dtypes import DataType
+from ..limits import ELEMENT_OVERHEAD, held_bytes, limit_error, max_tensor_bytes
 from ..tensor import Optional, Sequence, Tensor
 from ..xp import is_cupy_array
 from .base import describe
@@ -125,6 +126,48 @@ class _ControlFlowBase(SequenceKernelBase):
             return Tensor.wrap(np.empty(shape, dtype=object), data_type)
         dt = info.storage if self.on_gpu else info.numpy
         return self.result(self.xp.empty(shape, dtype=dt), data_type)
+
+
+class _Held:
+    """The bytes of the scan values a Loop or Scan holds until it stacks them, checked
+    against the context's max_tensor_bytes as iterations accumulate them (each value's
+    bytes plus ELEMENT_OVERHEAD), and up front where the number of iterations is known.
+    The compiled fast paths keep the running count in a local and write it back."""
+
+    __slots__ = ("kernel", "limit", "cap", "bytes", "iterations")
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.limit = max_tensor_bytes(kernel.ctx)
+        self.cap = self.limit if self.limit is not None else float("inf")
+        self.bytes = 0
+        self.iterations = 0
+
+    def add(self, values) -> None:
+        """One general iteration's scan values."""
+        if values:
+            self.bytes += held_bytes(values)
+            self.iterations += 1
+            if self.bytes > self.cap:
+                raise self.over()
+
+    def over(self, nbytes=None, iterations=None, why: str = "") -> Exception:
+        nbytes = self.bytes if nbytes is None else nbytes
+        iterations = self.iterations if iterations is None else iterations
+        return limit_error(self.kernel, int(nbytes), self.limit,
+                           f"the scan outputs of {iterations:,} iterations{why}")
+
+    def expect(self, per_iteration: int, iterations: int, why: str) -> None:
+        """Raise now when iterations more iterations of per_iteration bytes each would
+        pass the limit."""
+        total = self.bytes + per_iteration * iterations
+        if total > self.cap:
+            raise self.over(total, self.iterations + iterations, why)
+
+    @staticmethod
+    def step_bytes(arrays) -> int:
+        """Per-iteration bytes of one compiled iteration's scan arrays."""
+        return sum(a.nbytes for a in arrays) + ELEMENT_OVERHEAD * len(arrays)
 
 
 def _pack(outputs):

@@ -9,6 +9,8 @@ named tuple (``Result``) for several outputs.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -18,7 +20,7 @@ import onnx
 
 from .. import dtypes
 from ..dtypes import DataType
-from ..errors import KernelInputError, KernelTypeError, UnsupportedOperatorError
+from ..errors import KernelInputError, KernelTypeError, OptionError, UnsupportedOperatorError
 from ..tensor import Optional, Sequence, Tensor
 from ..xp import Device, is_cupy_array, namespace
 
@@ -28,6 +30,39 @@ LATEST_OPSET = {
 }
 
 
+# Every option a KernelContext (and so a Session) accepts, with what it does.
+OPTIONS = {
+    "cuda_kernels": "'auto' (default) | 'always' | 'never': use the hand-written CUDA kernels "
+                    "where they cover the case / insist on them / use the array code only",
+    "allow_tf32": "False (default): let float32 CUDA kernels use TF32 tensor cores",
+    "cuda_sync": "False (default): synchronise after every CUDA kernel launch (debugging)",
+    "seed": "int: seed for random operators without a seed attribute",
+    "max_tensor_bytes": "int: the largest tensor a kernel may allocate (see gpukernels.limits; "
+                        "also GPUKERNELS_MAX_TENSOR_BYTES)",
+    "fold_constants": "True (default): run nodes whose inputs are all constants once, when "
+                      "the graph is prepared",
+    "compile_graph": "True (default): run repeated same-shaped Session runs through a "
+                     "compiled plan",
+    "compile_bodies": "True (default): compile Loop/Scan bodies for their input signature",
+    "attention_block_bytes": "int: host Attention working-block size (tuning)",
+    "linear_attention_mode": "'auto' (default) | 'recurrent' | 'chunked': LinearAttention "
+                             "algorithm on the GPU",
+    "linear_attention_segment_bytes": "int: LinearAttention segment size (tuning)",
+    "kernel_overrides": "{op_type: kernel class}: swap in another kernel class (testing)",
+}
+
+
+def check_options(options: dict) -> None:
+    """Raise an OptionError for a key that is not in OPTIONS, suggesting the closest."""
+    import difflib
+
+    for key in options:
+        if key not in OPTIONS:
+            close = difflib.get_close_matches(str(key), OPTIONS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise OptionError(f"unknown option {key!r}{hint} Known options: {', '.join(sorted(OPTIONS))}")
+
+
 @dataclass
 class KernelContext:
     """Where and how kernels run.
@@ -35,11 +70,8 @@ class KernelContext:
     device: 'cpu', 'cuda', 'cuda:N' or a Device.
     opset: the model's opset, an int (default domain) or {domain: version}; kernels pick
       the newest registered version not newer than it.  Default: the newest onnx knows.
-    options: free-form switches.  Known keys:
-      'cuda_kernels': 'auto' (default) | 'always' | 'never' -- use the hand-written CUDA
-        kernels where they cover the case / insist on them / use the array code only;
-      'allow_tf32': False -- let float32 CUDA kernels use TF32 tensor cores;
-      'seed': int -- seed for random operators without a seed attribute.
+    options: switches, each listed in OPTIONS (name -> what it does); an unknown key is
+      an OptionError that suggests the closest known name.
     """
 
     device: Any = "cpu"
@@ -48,6 +80,7 @@ class KernelContext:
 
     def __post_init__(self):
         self.device = Device.parse(self.device)
+        check_options(self.options)
         if self.opset is None:
             self.opset = {}
         elif isinstance(self.opset, int):
@@ -144,6 +177,10 @@ def registered() -> dict[tuple[str, str], list[int]]:
 
 # ------------------------------------------------------------------ helpers
 
+# (kernel, scope, next entry) chains of the calls running in this thread/context that
+# were given an enclosing scope (KernelBase.in_scope): per call, never kernel state.
+_ACTIVE_SCOPES: contextvars.ContextVar = contextvars.ContextVar("gpukernels_scopes", default=None)
+
 # Element types whose compute dtype is the type itself, on both devices.
 _NATIVE_COMPUTE = {i.data_type: i.numpy for i in dtypes._TABLE
                    if i.compute == i.numpy and i.storage == i.numpy and i.kind != "string"}
@@ -186,10 +223,34 @@ class KernelBase:
                     f"{self.op_type}: no version for opset {opset}; registered {list(self.versions)}")
             version = max(candidates)
         self.since_version = int(version)
+        # Which outputs the node using this kernel declares (None: all of them, as in a
+        # direct call).  Planning, set once by the runtime when it prepares the node.
         self.requested_outputs: tuple[bool, ...] | None = None
-        # Set by the runtime before each call of a node that holds subgraphs: the scope
-        # whose values the subgraphs may read (None in a direct Python call).
-        self.outer_scope = None
+
+    @property
+    def outer_scope(self):
+        """The scope whose values this call's subgraphs may read: what the innermost
+        active ``in_scope(scope)`` of this kernel gave, None in a plain direct call.
+        Per call and per thread (a context variable), never stored on the kernel."""
+        entry = _ACTIVE_SCOPES.get()
+        while entry is not None:
+            kernel, scope, entry = entry
+            if kernel is self:
+                return scope
+        return None
+
+    @contextlib.contextmanager
+    def in_scope(self, scope):
+        """Calls of this kernel inside the block read outer names from scope.
+
+        >>> with kernel.in_scope(scope):
+        ...     outputs = kernel(*inputs, **attributes)
+        """
+        token = _ACTIVE_SCOPES.set((self, scope, _ACTIVE_SCOPES.get()))
+        try:
+            yield self
+        finally:
+            _ACTIVE_SCOPES.reset(token)
 
     # --- environment
     @property

@@ -31,7 +31,8 @@ from ..dtypes import DataType
 from ..tensor import Optional, Sequence, Tensor
 from .base import describe, register
 from .sequence import prepare_body
-from ._controlflow_common import _UNSET, _Body, _Column, _ControlFlowBase, _declared_from, _loop_inputs, _pack, _truth
+from ._controlflow_common import (_UNSET, _Body, _Column, _ControlFlowBase, _declared_from, _Held, _loop_inputs,
+                                  _pack, _truth)
 
 
 @register()
@@ -110,9 +111,10 @@ class Loop(_ControlFlowBase):
                              f"at least {1 + n} (cond, state..., scan outputs...)")
         runner = _Body(self, body, ("V", 1))
         wrap, in_types, unused = self.per_graph(body, "inputs", lambda: _loop_inputs(body))
+        passthrough = self.per_graph(body, "cond_passthrough", lambda: _cond_passthrough(body))
         return self._run(M, cond, v_initial, None, n, scan_types=runner.declared[1 + n:],
                          wrap=wrap, in_types=in_types, pass_iteration=0 not in unused,
-                         check_states=False, body=runner)
+                         check_states=False, body=runner, cond_passthrough=passthrough)
 
     # ------------------------------------------------------------ other forms
     def run_callback(self, M=None, cond=None, initial_values=(), body=None, scan_output_types=None):
@@ -189,10 +191,15 @@ class Loop(_ControlFlowBase):
         return int(np.asarray(t.numpy()).reshape(-1)[0])
 
     def _run(self, M, cond, initial_values, step, n, scan_types=None, wrap=None, in_types=None,
-             pass_iteration=True, check_states=True, body=None):
+             pass_iteration=True, check_states=True, body=None, cond_passthrough=False):
         """The loop: step(it, cond, state) -> outputs runs one iteration, or, for a graph
-        body, body (a _Body) does, compiled once the signature is known."""
+        body, body (a _Body) does, compiled once the signature is known.
+
+        The scan values it holds count against max_tensor_bytes as they accumulate; when
+        the body passes its condition through unchanged (cond_passthrough), the loop runs
+        exactly M times, so the first iteration's scan bytes times M are checked at once."""
         trip = self._trip_count(M)
+        held = _Held(self)
         cond_given = cond is not None and not (isinstance(cond, Tensor) and cond.is_absent)
         keep_going = self.flag(cond, "cond") if cond_given else True
         xp = self.xp
@@ -224,7 +231,7 @@ class Loop(_ControlFlowBase):
                     if scans is None:
                         scans = [_Column() for _ in range(len(prog.out_sig) - 1 - n)]
                     i, keep_going, cond_t, state, outs = self._fast(prog, i, trip, it, cond_t, state,
-                                                                   scans, n, pass_iteration)
+                                                                   scans, n, pass_iteration, held)
                     if outs is None:
                         continue
                     body.left(prog, outs)  # iteration i left the compiled path
@@ -241,8 +248,14 @@ class Loop(_ControlFlowBase):
             elif len(outs) - 1 - n != len(scans):
                 raise self.error(f"iteration {i} produced {len(outs) - 1 - n} scan values, earlier "
                                  f"iterations {len(scans)}")
-            for col, v in zip(scans, outs[1 + n:]):
+            scan_values = outs[1 + n:]
+            for col, v in zip(scans, scan_values):
                 col.add(v)
+            if scan_values:
+                held.add(scan_values)
+                if i == 0 and cond_passthrough and trip is not None and keep_going:
+                    held.expect(held.bytes, trip - 1, f" (the trip count M = {trip:,}; the body passes "
+                                                      "its condition through)")
             i += 1
         results = list(state)
         if scans is not None:
@@ -253,11 +266,12 @@ class Loop(_ControlFlowBase):
                 results.append(self.empty_scan_output(declared, 0, f"scan output {j}"))
         return _pack(results)
 
-    def _fast(self, prog, i, trip, it, cond_t, state, scans, n, pass_iteration):
+    def _fast(self, prog, i, trip, it, cond_t, state, scans, n, pass_iteration, held):
         """Iterations i, i+1, ... on arrays through the compiled body while the loop
         goes on and its signature holds (the cond and states keep theirs).  Returns
         (i, keep_going, cond_t, state, outs): outs are the unchecked outputs of
-        iteration i when it left the compiled path, else None."""
+        iteration i when it left the compiled path, else None.  The scan bytes held
+        (held, a _Held) grow by the same step each iteration: one add and a compare."""
         xp = self.xp
         out_sig = prog.out_sig
         stable = prog.in_sig[1:] == out_sig[:1 + n]
@@ -267,6 +281,7 @@ class Loop(_ControlFlowBase):
         it_arr = it.array
         keep_going = True
         run = prog.run
+        first, total, cap, step = i, held.bytes, held.cap, None
         token = prog.guard.enter_strict()
         try:
             while True:
@@ -280,14 +295,23 @@ class Loop(_ControlFlowBase):
                     keep_going = _truth(c)
                     c_arr = c
                 st = outs[1:1 + n]
-                for append, a in zip(appends, outs[1 + n:]):
-                    append(a)
+                if appends:
+                    for append, a in zip(appends, outs[1 + n:]):
+                        append(a)
+                    if step is None:
+                        step = held.step_bytes(outs[1 + n:])
+                    total += step
+                    if total > cap:
+                        raise held.over(total, held.iterations + i - first)
                 if not (keep_going and stable and (trip is None or i < trip)):
                     break
                 if pass_iteration:
                     it_arr = xp.asarray(np.int64(i))
         finally:
             prog.guard.leave(token)
+            if appends:
+                held.bytes = total
+                held.iterations += i - first
         cond = cond_t if c_arr is c_in else Tensor.wrap(c_arr, DataType.BOOL)
         state = [Tensor.wrap(a, sig[0]) for a, sig in zip(st, out_sig[1:1 + n])]
         return i, keep_going, cond, state, None
@@ -296,6 +320,24 @@ class Loop(_ControlFlowBase):
         if isinstance(v, (Tensor, Sequence)):
             return Optional(v, type_proto)
         return v
+
+
+def _cond_passthrough(body) -> bool:
+    """Whether the body's condition output is its condition input (directly or through
+    Identity nodes), so that a loop with a trip count runs exactly M times."""
+    if len(body.input) < 2 or not len(body.output):
+        return False
+    producer = {o: node for node in body.node for o in node.output if o}
+    name, cond_in = body.output[0].name, body.input[1].name
+    for _ in range(len(body.node) + 1):
+        if name == cond_in:
+            return True
+        node = producer.get(name)
+        if node is None or node.op_type != "Identity" or node.domain not in ("", "ai.onnx") \
+                or len(node.input) != 1:
+            return False
+        name = node.input[0]
+    return False
 
 
 # ========================================================================== Scan

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..limits import check_allocation
 from .base import KernelBase, register
 
 
@@ -490,6 +491,7 @@ class RoiAlign(KernelBase):
             raise self.error(f"batch_indices must lie in [0, {n})", **named)
         xc = self.to_compute(xt)
         dt = xc.dtype
+        check_allocation(self, (r, c, oh, ow), dt)  # output_height/width are attributes
         if r == 0 or c == 0:
             return self.from_compute(xp.zeros((r, c, oh, ow), dt), xt.data_type)
         half = coordinate_transformation_mode == "half_pixel"
@@ -508,6 +510,9 @@ class RoiAlign(KernelBase):
         count = xp.maximum(gh * gw, 1).astype(dt)
         gh_max = max(int(xp.max(gh)), 0)
         gw_max = max(int(xp.max(gw)), 0)
+        # the samples per bin follow the RoI sizes (data): one gathered row of them is
+        # (R, oh, ow * Gw, C), several alive at once
+        check_allocation(self, (r, oh, ow * max(gw_max, 1), c), dt, "sample block")
         ghc = xp.maximum(gh, 1).astype(dt)
         gwc = xp.maximum(gw, 1).astype(dt)
         # x sample positions for every (roi, pw, ix): (R, ow * Gw)

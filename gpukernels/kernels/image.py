@@ -16,6 +16,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import UnsupportedOperatorError
+from ..limits import check_allocation
 from .base import KernelBase, register
 
 
@@ -43,12 +44,22 @@ class ImageDecoder(KernelBase):
         channels = 1 if pixel_format == "Grayscale" else 3
         data = t.numpy().tobytes()
         try:
-            with image_mod.open(io.BytesIO(data)) as img:
-                img.load()
-                img = img.convert("L" if channels == 1 else "RGB")
-                arr = np.asarray(img, dtype=np.uint8)
+            img = image_mod.open(io.BytesIO(data))  # reads the header only
         except Exception:  # any decoding failure: the spec asks for an empty image
-            arr = np.zeros((0, 0, channels), np.uint8)
+            img = None
+        arr = np.zeros((0, 0, channels), np.uint8)
+        if img is not None:
+            with img:
+                # the header's size, checked before the pixels are decoded
+                width, height = img.size
+                check_allocation(self, (height, width, max(channels, len(img.getbands()))), 1,
+                                 "decoded image")
+                try:
+                    img.load()
+                    img = img.convert("L" if channels == 1 else "RGB")
+                    arr = np.asarray(img, dtype=np.uint8)
+                except Exception:  # any decoding failure: the spec asks for an empty image
+                    arr = np.zeros((0, 0, channels), np.uint8)
         if arr.ndim == 2:
             arr = arr[:, :, None]
         if pixel_format == "BGR":

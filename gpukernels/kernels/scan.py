@@ -8,7 +8,8 @@ import numpy as np
 from ..dtypes import DataType
 from ..tensor import Tensor
 from .base import describe, register
-from ._controlflow_common import _Body, _Column, _ControlFlowBase, _pack
+from ..limits import check_allocation
+from ._controlflow_common import _Body, _Column, _ControlFlowBase, _Held, _pack
 
 
 @register()
@@ -106,9 +107,15 @@ class Scan(_ControlFlowBase):
             arr = xp.ascontiguousarray(arr)
         return arr, x.data_type
 
-    def _loop(self, body, states, sliced, length, n, k):
-        """Run the body over steps 0..length-1: (final states, k _Columns)."""
+    def _loop(self, body, states, sliced, length, n, k, held=None, later=0):
+        """Run the body over steps 0..length-1: (final states, k _Columns).
+
+        The scan values held count against max_tensor_bytes (held, a _Held shared by
+        the batch entries of an opset-8 Scan): after the first step, that step's bytes
+        times the steps still to come (this loop's and the `later` ones) are checked at
+        once, then the running total as steps accumulate."""
         columns = [_Column() for _ in range(k)]
+        held = _Held(self) if held is None else held
         wrap = Tensor.wrap
         t = 0
         length = length or 0
@@ -117,22 +124,29 @@ class Scan(_ControlFlowBase):
             prog = body.program_for(args)
             if prog is not None:
                 t, states, outs = self._fast(prog, t, length, states, [arr for arr, _ in sliced],
-                                             columns, n)
+                                             columns, n, held)
                 if outs is None:
                     continue
                 body.left(prog, outs)  # step t left the compiled path
             else:
                 outs = body.run(args, record=length - t >= 2)
             states = outs[:n]
-            for col, v in zip(columns, outs[n:]):
+            scan_values = outs[n:]
+            for col, v in zip(columns, scan_values):
                 col.add(v)
+            if scan_values:
+                before = held.bytes
+                held.add(scan_values)
+                if t == 0:
+                    held.expect(held.bytes - before, length - 1 + later, " (the scan length)")
             t += 1
         return states, columns
 
-    def _fast(self, prog, t, length, states, arrays, columns, n):
+    def _fast(self, prog, t, length, states, arrays, columns, n, held):
         """Steps t, t+1, ... on arrays through the compiled body while the states keep
         their signature.  Returns (t, states, outs): outs are the unchecked outputs of
-        step t when it left the compiled path, else None."""
+        step t when it left the compiled path, else None.  The scan bytes held (held, a
+        _Held) grow by the same step each iteration: one add and a compare."""
         out_sig = prog.out_sig
         stable = prog.in_sig[:n] == out_sig[:n]
         appends = [col.fast(sig[0]) for col, sig in zip(columns, out_sig[n:])]
@@ -142,6 +156,8 @@ class Scan(_ControlFlowBase):
         # the steps' slices (iterating a rank >= 2 array gives the same views as a[t, ...])
         steps = zip(*[iter(a[t:length]) if a.ndim > 1 else (a[i, ...] for i in range(t, length))
                       for a in arrays])
+        first, total, cap = t, held.bytes, held.cap
+        step = held.step_bytes(()) if not appends else None
         token = prog.guard.enter_strict()
         try:
             for xs in steps:
@@ -155,10 +171,18 @@ class Scan(_ControlFlowBase):
                 else:
                     for append, a in zip(appends, outs[n:]):
                         append(a)
+                if step is None:
+                    step = held.step_bytes(outs[n:])
+                total += step
+                if total > cap:
+                    raise held.over(total, held.iterations + t - first)
                 if not stable:
                     break
         finally:
             prog.guard.leave(token)
+            if appends:
+                held.bytes = total
+                held.iterations += t - first
         return t, [Tensor.wrap(a, sig[0]) for a, sig in zip(st, out_sig[:n])], None
 
     def _finish(self, final, columns, out_axes, out_dirs, declared):
@@ -236,7 +260,10 @@ class Scan(_ControlFlowBase):
 
         finals = [[] for _ in range(n)]
         per_batch = []  # per batch: list of k columns
+        held = _Held(self)
+        later = sum(lens)
         for b in range(batch):
+            later -= lens[b]
             st = [self.result(s.array[b, ...], s.data_type) for s in states]
             steps = []
             for x, rev in zip(scan_in, dirs):
@@ -244,7 +271,7 @@ class Scan(_ControlFlowBase):
                 if rev:
                     arr = arr[::-1]
                 steps.append((arr, x.data_type))
-            final, columns = self._loop(runner, st, steps, lens[b], n, k)
+            final, columns = self._loop(runner, st, steps, lens[b], n, k, held, later)
             for j, v in enumerate(final):
                 finals[j].append(v)
             per_batch.append([col.values() for col in columns])
@@ -265,8 +292,10 @@ class Scan(_ControlFlowBase):
             empty = self.empty_scan_output(declared, 0, f"scan output {j}")  # [0, *elem]
             elem = empty.shape[1:]
             dt = empty.data_type
+            check_allocation(self, (batch, length) + tuple(elem), empty.array.dtype, f"scan output {j}")
             xp = self.xp_for(dt)
             return self.result(xp.zeros((batch, length) + tuple(elem), dtype=empty.array.dtype), dt)
+        check_allocation(self, (batch, length) + tuple(sample.shape), sample.array.dtype, f"scan output {j}")
         rows = []
         for b, cols in enumerate(per_batch):
             col = cols[j]

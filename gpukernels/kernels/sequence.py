@@ -22,6 +22,8 @@ import onnx
 
 from .. import dtypes
 from ..dtypes import DataType
+from ..limits import (ELEMENT_OVERHEAD, check_allocation, check_bytes, held_bytes, limit_error,
+                      max_tensor_bytes)
 from ..tensor import Optional, Sequence, Tensor
 from ..xp import is_cupy_array
 from .base import KernelBase, describe, register
@@ -235,7 +237,15 @@ class SequenceInsert(SequenceKernelBase):
         p = n if position is None or _absent(position) else self.position(position, n, allow_end=True)
         items = list(seq.tensors)
         items.insert(p, t)
-        return self._make_sequence(items, seq.elem_type, "output")
+        # a sequence grown in a loop: its elements' bytes count as one value (the input's
+        # total is kept on the sequences this kernel makes: O(1) per insert)
+        before = getattr(seq, "held_bytes", None)
+        if before is None or len(seq.tensors) != n:
+            before = held_bytes(seq.tensors)
+        total = check_bytes(self, before + held_bytes((t,)), f"the output sequence of {len(items):,} elements")
+        out = self._make_sequence(items, seq.elem_type, "output")
+        out.held_bytes = total
+        return out
 
 
 @register()
@@ -294,6 +304,12 @@ class ConcatFromSequence(SequenceKernelBase):
                 raise self.error(f"element {i} has shape {list(t.shape)}, incompatible with element 0 "
                                  f"{list(first.shape)} for axis {axis} (new_axis={new_axis})",
                                  input_sequence=seq)
+        out_shape = list(first.shape)
+        if new_axis:
+            out_shape.insert(a, len(seq))
+        else:
+            out_shape[a] = sum(t.shape[a] for t in seq.tensors)
+        check_allocation(self, out_shape, first.array.dtype)
         xp = self.xp_for(seq.elem_type)
         arrays = [t.array for t in seq.tensors]
         out = xp.stack(arrays, axis=a) if new_axis else xp.concatenate(arrays, axis=a)
@@ -324,6 +340,7 @@ class SplitToSequence(SequenceKernelBase):
         if split is None or _absent(split):
             if keepdims not in (0, 1):
                 raise self.error(f"keepdims must be 0 or 1, got {keepdims}")
+            check_bytes(self, arr.nbytes + dim * ELEMENT_OVERHEAD, f"the output sequence of {dim:,} elements")
             moved = xp.moveaxis(arr, a, 0)
             if keepdims:
                 parts = [_contiguous(xp.expand_dims(moved[i, ...], a)) for i in range(dim)]
@@ -334,6 +351,10 @@ class SplitToSequence(SequenceKernelBase):
         if s.data_type not in _INDEX_TYPES:
             raise self.type_error(f"'split' must be int32 or int64, got {dtypes.describe(s.data_type)}", split=s)
         values = np.asarray(s.numpy()).astype(np.int64)
+        count = -(-dim // int(values)) if s.ndim == 0 and int(values) > 0 else values.size
+        # checked before the list of sizes exists (an axis of 10**9 with empty slices
+        # would still make 10**9 Tensors)
+        check_bytes(self, arr.nbytes + count * ELEMENT_OVERHEAD, f"the output sequence of {count:,} elements")
         if s.ndim == 0:
             size = int(values)
             if size <= 0:
@@ -399,11 +420,17 @@ class SequenceMap(SequenceKernelBase):
         checker = self.output_checker(body, "body")
         parent = self.outer_scope
         per_iteration = []
+        limit = max_tensor_bytes(self.ctx)
+        held = 0  # bytes of the body outputs kept for the output sequences
         for i in range(n):
             args = [first.tensors[i]] + [e.tensors[i] if isinstance(e, Sequence) else e for e in extras]
             outs = plan.run(args, parent=parent)
             checker(outs)
             per_iteration.append(outs)
+            if limit is not None:
+                held += held_bytes(outs)
+                if held > limit:
+                    raise limit_error(self, held, limit, f"the output sequences of {i + 1:,} iterations")
         return self.assemble(per_iteration, body.output, n_outputs=n_out)
 
     def assemble(self, per_iteration_outputs, output_types=None, n_outputs=None):

@@ -13,6 +13,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from .. import dtypes
@@ -21,6 +22,7 @@ from ..kernels import load_all
 from ..kernels.base import KernelContext, describe, has_kernel, lookup
 from ..tensor import Optional, Sequence, Tensor
 from .attributes import attribute_value, bind_attributes
+from .validation import check_arity, check_graph, escape
 
 
 class Scope:
@@ -102,6 +104,9 @@ def subgraph_free_names(graph: onnx.GraphProto) -> set:
 
 # at most this many bytes of folded constants per graph
 _FOLD_MAX_BYTES = 2 << 30
+# folding stops starting new nodes after this many seconds per graph (the rest run at
+# run time): preparing a graph never does unbounded work for a model that asks for it
+_FOLD_MAX_SECONDS = 5.0
 
 
 def _graphs_of(attr: onnx.AttributeProto):
@@ -140,7 +145,7 @@ class PreparedNode:
         self.simple = False  # set once the kernel is known (see PreparedGraph._prepare_node)
 
     def describe(self) -> str:
-        return f"node '{self.name}' ({self.domain or 'ai.onnx'}::{self.op_type})"
+        return f"node {escape(self.name)} ({escape(self.domain or 'ai.onnx')}::{escape(self.op_type)})"
 
 
 class PreparedGraph:
@@ -171,7 +176,8 @@ class PreparedGraph:
             self.constants = {}
         else:
             self.graph = graph
-            self.name = f"graph '{graph.name}'"
+            self.name = f"graph {escape(graph.name)}"
+            check_graph(graph, self.name)
             self.input_names = [i.name for i in graph.input]
             self.output_names = [o.name for o in graph.output]
             self.input_types = [i.type for i in graph.input]
@@ -198,9 +204,9 @@ class PreparedGraph:
 
         values = {}
         for init in graph.initializer:
-            values[init.name] = self._place(Tensor.from_proto(init, self.base_dir))
+            values[init.name] = freeze(self._place(Tensor.from_proto(init, self.base_dir)))
         for sp in graph.sparse_initializer:
-            values[sp.values.name] = self._place(sparse_to_dense(sp, self.base_dir))
+            values[sp.values.name] = freeze(self._place(sparse_to_dense(sp, self.base_dir, ctx=self.ctx)))
         return values
 
     def _foldable(self, p: PreparedNode, graph_outputs: set) -> bool:
@@ -219,8 +225,9 @@ class PreparedGraph:
         past _FOLD_MAX_BYTES (memory held for the session's life)."""
         graph_outputs = set(self.output_names)
         kept, total = [], 0
+        deadline = time.perf_counter() + _FOLD_MAX_SECONDS
         for p in self.nodes:
-            if not self._foldable(p, graph_outputs):
+            if not self._foldable(p, graph_outputs) or time.perf_counter() > deadline:
                 kept.append(p)
                 continue
             args = [self.constants[n] if n else None for n in p.inputs]
@@ -242,7 +249,7 @@ class PreparedGraph:
                 kept.append(p)
                 continue
             total += size
-            self.constants.update(named)
+            self.constants.update((n, freeze(v)) for n, v in named)
             self.folded.append(p)
         self.nodes = kept
 
@@ -267,6 +274,7 @@ class PreparedGraph:
         except UnsupportedOperatorError:
             schema = _schema(p.op_type, p.domain, opset)
             if schema is not None and (schema.has_function or schema.has_context_dependent_function):
+                check_arity(node, schema, p.describe())
                 p.schema_function = schema
                 p.since_version = schema.since_version
                 p.attrs = self._bind(node, schema, p)
@@ -276,9 +284,12 @@ class PreparedGraph:
         # kernels like Gradient read values of the enclosing graph by name
         p.needs_scope = p.needs_scope or bool(getattr(cls, "needs_outer_scope", False))
         schema = _schema(p.op_type, p.domain, opset if opset is not None else version)
+        check_arity(node, schema, p.describe())
         p.attrs = self._bind(node, schema, p)
         p.kernel = cls(self.ctx, version)
-        if p.requested is None and len(p.outputs) == 1:
+        if p.requested is not None:
+            p.kernel.requested_outputs = p.requested
+        elif len(p.outputs) == 1:
             # a one-output node: the kernel may skip its optional later outputs
             p.kernel.requested_outputs = (True,)
         p.simple = (not p.needs_scope and p.requested is None and len(p.outputs) == 1
@@ -288,7 +299,10 @@ class PreparedGraph:
     def _bind(self, node, schema, p: PreparedNode) -> dict:
         if self.attribute_values is not None and any(a.ref_attr_name for a in node.attribute):
             node = _substitute_attribute_refs(node, self.attribute_values)
-        return bind_attributes(node, schema, self.base_dir, where=p.describe())
+        attrs = bind_attributes(node, schema, self.base_dir, where=p.describe(), ctx=self.ctx)
+        for value in attrs.values():
+            freeze(value)  # tensor attributes (Constant's value) are shared by every run
+        return attrs
 
     def _plan_releases(self) -> list:
         """For node i, the names to drop after it runs (their last use)."""
@@ -395,10 +409,10 @@ class PreparedGraph:
             if p.kernel is not None:
                 k = p.kernel
                 if p.needs_scope:
-                    k.outer_scope = scope
-                if p.requested is not None:
-                    k.requested_outputs = p.requested
-                result = k(*args, **p.attrs)
+                    with k.in_scope(scope):
+                        result = k(*args, **p.attrs)
+                else:
+                    result = k(*args, **p.attrs)
                 if observer is not None and getattr(observer, "synchronize", False):
                     from ..xp import synchronize
 
@@ -481,6 +495,17 @@ class PreparedGraph:
                            list(fproto.node), opsets)
         ctx = KernelContext(self.ctx.device, {**self.ctx.opset, **opsets}, self.ctx.options)
         return PreparedGraph(fdef, ctx, self.functions, self.base_dir, attribute_values=attrs)
+
+
+def freeze(value):
+    """Mark a value the prepared graph keeps across runs (an initializer, a folded
+    constant, a tensor attribute) read-only where the array library can (NumPy): a
+    kernel writing into it fails loudly, and Session copies any read-only array it
+    returns, so no caller ever holds the session's own memory.  Returns value."""
+    array = value.array if value.__class__ is Tensor else value
+    if array.__class__ is np.ndarray:
+        array.flags.writeable = False
+    return value
 
 
 def _substitute_attribute_refs(node: onnx.NodeProto, values: dict) -> onnx.NodeProto:

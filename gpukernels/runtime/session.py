@@ -9,39 +9,43 @@ import numpy as np
 import onnx
 
 from .. import dtypes
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 from ..kernels.base import KernelContext
 from ..tensor import Optional, Sequence, Tensor, to_host_value
 from ..xp import Device, require
 from .body import CompiledGraph
 from .graph import PreparedGraph, functions_of
+from .validation import check_feed, check_model
 
 
-def load_model(model, load_external_data: bool = True) -> tuple[onnx.ModelProto, str | None]:
-    """(ModelProto, base_dir) from a path, bytes or ModelProto.  External data is read
-    from the model's folder."""
+def load_model(model, base_dir: str | None = None) -> tuple[onnx.ModelProto, str | None]:
+    """(ModelProto, base_dir) from a path, bytes or ModelProto.
+
+    External data is read lazily, tensor by tensor, from inside base_dir only: the
+    model's own folder for a path; for bytes or a ModelProto, the base_dir the caller
+    gives (None: external data is refused, see gpukernels.external_data)."""
     if isinstance(model, onnx.ModelProto):
-        return model, None
-    if isinstance(model, (bytes, bytearray)):
-        return onnx.load_model_from_string(bytes(model)), None
-    path = Path(model)
-    if not path.exists():
-        raise ModelError(f"model file {str(path)!r} does not exist")
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ModelError(f"cannot parse {str(path)!r} as an ONNX model: {exc}") from exc
-    base_dir = str(path.parent)
-    if load_external_data:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        if _uses_external_data(proto):
-            load_external_data_for_model(proto, base_dir)
+        proto = model
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as exc:  # noqa: BLE001 -- protobuf's DecodeError and friends
+            raise ModelError(f"the bytes given are not an ONNX model: {type(exc).__name__}: {exc}") from exc
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"model file {str(path)!r} does not exist or is not a file")
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(path.read_bytes())
+        except Exception as exc:  # noqa: BLE001
+            raise ModelError(f"cannot parse {str(path)!r} as an ONNX model: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        if base_dir is None:
+            base_dir = str(path.parent)
+    check_model(proto)
     return proto, base_dir
-
-
-def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def opsets_of(model: onnx.ModelProto) -> dict:
@@ -54,10 +58,19 @@ class Session:
     >>> sess = Session("model.onnx", device="cpu")
     >>> outputs = sess.run(None, {"x": x})        # host NumPy arrays (lists for sequences)
     >>> values = sess.run_values({"x": x})          # Tensors / Sequences on the device
+
+    model: a path, bytes or a ModelProto.  base_dir: the folder external data is read
+    from (default: the model file's folder; none for bytes/ModelProto, which then may
+    not use external data).  options: see KernelContext.OPTIONS.
+
+    One Session may be run from any number of threads at once: runs share only the
+    prepared graph, which no run changes.  Inputs are checked against the model's
+    declared element types, ranks and fixed dimensions; the arrays returned never share
+    memory with the session's constants.
     """
 
-    def __init__(self, model, device="cpu", options: dict | None = None):
-        self.model, self.base_dir = load_model(model)
+    def __init__(self, model, device="cpu", options: dict | None = None, base_dir: str | None = None):
+        self.model, self.base_dir = load_model(model, base_dir)
         self.device = require(Device.parse(device))
         self.opsets = opsets_of(self.model)
         self.ctx = KernelContext(self.device, self.opsets, dict(options or {}))
@@ -75,17 +88,17 @@ class Session:
     def feed(self, name: str, value):
         """Convert a user value for input name into a runtime value on the device."""
         tp = self._input_types.get(name)
-        return to_runtime_value(value, tp, self.device)
+        return to_runtime_value(check_feed(name, value, tp), tp, self.device)
 
     def run_values(self, feeds: dict, observer=None) -> list:
         """Run with feeds {name: value}; returns runtime values (Tensors, Sequences...)."""
         unknown = set(feeds) - set(self._input_types)
         if unknown:
-            raise ModelError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are "
+            raise InputError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are "
                              f"{self.input_names}")
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
-            raise ModelError(f"missing input(s) {missing}")
+            raise InputError(f"missing input(s) {missing}; the model's inputs are {self.input_names}")
         values = {name: self.feed(name, v) for name, v in feeds.items()}
         if observer is None and self._compiled is not None:
             outs = self._compiled.run(values)
@@ -97,12 +110,22 @@ class Session:
         """onnxruntime-style: host values of the requested outputs (all when None)."""
         values = self.run_values(feeds, observer=observer)
         if output_names is None:
-            return [to_host_value(v) for v in values]
+            return [_owned(to_host_value(v)) for v in values]
         index = {n: i for i, n in enumerate(self.output_names)}
         try:
-            return [to_host_value(values[index[n]]) for n in output_names]
+            return [_owned(to_host_value(values[index[n]])) for n in output_names]
         except KeyError as exc:
             raise ModelError(f"unknown output {exc.args[0]!r}; outputs are {self.output_names}") from None
+
+
+def _owned(value):
+    """value with every read-only host array copied: read-only arrays are the session's
+    constants or views of them (see runtime.graph.freeze), which a caller must not hold."""
+    if value.__class__ is np.ndarray:
+        return value if value.flags.writeable else value.copy()
+    if isinstance(value, list):
+        return [_owned(v) for v in value]
+    return value
 
 
 def to_runtime_value(value, type_proto, device: Device):

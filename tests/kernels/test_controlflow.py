@@ -567,7 +567,7 @@ def test_loop_errors_through_runtime_name_the_operator(device, rng):
 
     body = counting_body(3)
     g = oh.make_graph([oh.make_node("Loop", ["M", "", "x"], ["xf", "sx", "si"], body=body)], "g",
-                      [vi("M", TP.INT64, []), vi("x", TP.FLOAT, [2])],
+                      [vi("M", TP.INT64), vi("x", TP.FLOAT, [2])],
                       [vi("xf", TP.FLOAT, [2]), vi("sx", TP.FLOAT), vi("si", TP.INT64)])
     m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
     sess = Session(m, device=device)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 
@@ -39,6 +40,7 @@ class EyeLike(KernelBase):
             raise self.type_error(f"output type {dtypes.describe(out_type)} is not allowed", input=x)
         info = dtypes.info(out_type)
         rows, cols = x.shape
+        check_allocation(self, (rows, cols), info.compute)
         eye = self.xp.eye(rows, cols, k=int(k), dtype=info.compute)
         return self.from_compute(eye, out_type)
 
@@ -70,6 +72,10 @@ class Range(KernelBase):
         else:
             si, li, di = int(s), int(l), int(d)
             n = max(-((si - li) // di), 0)  # ceil((l - s) / d) exactly
+        # the element count the inputs ask for; integer and stash_type=0 exotic ranges
+        # are built from an int64 arange
+        check_allocation(self, (n,), ctype.itemsize if info.kind == "float" and not
+                         (ctype != np.float32 and info.is_exotic) else max(8, ctype.itemsize))
         xp = self.xp
         if info.kind == "float" and ctype != np.float32 and info.is_exotic:
             # stash_type=0 on bfloat16: arithmetic in the type itself, on the host

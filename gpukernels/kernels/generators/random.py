@@ -25,6 +25,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ..base import KernelBase, register
 
 _FLOATS_1 = (DataType.FLOAT16, DataType.FLOAT, DataType.DOUBLE)
@@ -100,6 +101,7 @@ class _Random(KernelBase):
 
     def uniform_tensor(self, shape, out_type, low, high, seed):
         ctype = dtypes.info(out_type).compute
+        check_allocation(self, shape, ctype)
         u = self.draws(seed).uniform(shape, ctype)
         u *= ctype.type(high - low)
         u += ctype.type(low)
@@ -107,6 +109,7 @@ class _Random(KernelBase):
 
     def normal_tensor(self, shape, out_type, mean, scale, seed):
         ctype = dtypes.info(out_type).compute
+        check_allocation(self, shape, ctype)
         z = self.draws(seed).normal(shape, ctype)
         z *= ctype.type(scale)
         z += ctype.type(mean)
@@ -182,6 +185,8 @@ class Multinomial(_Random):
         batch, classes = x.shape
         xp = self.xp
         samples = int(sample_size)
+        # the draws and the search bounds are (batch, sample_size) float64/int64 arrays
+        check_allocation(self, (batch, samples), 8)
         if batch == 0 or samples == 0:
             return self.result(xp.zeros((batch, samples), dtype=dtypes.info(out_type).numpy), out_type)
         if classes == 0:

@@ -119,7 +119,26 @@ def conv_output_shape(kernel, in_shape, kernel_shape, strides, dilations, pads, 
                 f"the kernel (extent {ek} with dilation {dilations[i]}) is larger than the padded "
                 f"input ({padded}) along spatial axis {i}", **tensors)
         out.append((padded - ek) // strides[i] + 1)
+    _check_conv_sizes(kernel, in_shape, pads, out, tensors)
     return out
+
+
+def _check_conv_sizes(kernel, in_shape, pads, out, tensors) -> None:
+    """max_tensor_bytes for a Conv-style output (N, M, *out) and padded input
+    (N, C, *in + pads), when the tensors passed name X and the weight (W or w): pads
+    and strides are attributes, so a model can ask for any size."""
+    from ...limits import check_allocation
+
+    x = tensors.get("X")
+    if x is None or getattr(x, "array", None) is None or x.ndim < 2:
+        return
+    n = len(in_shape)
+    itemsize = max(x.array.dtype.itemsize, 4)  # computed in float32 or wider
+    check_allocation(kernel, list(x.shape[:2]) + [in_shape[i] + pads[i] + pads[i + n] for i in range(n)],
+                     itemsize, "padded input")
+    w = next((v for k, v in tensors.items() if k in ("W", "w") and getattr(v, "ndim", 0) >= 1), None)
+    if w is not None:
+        check_allocation(kernel, [x.shape[0], w.shape[0]] + list(out), itemsize)
 
 
 def padded_block(xp, x, lo, hi, value=0):

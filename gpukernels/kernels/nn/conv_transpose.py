@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from ...limits import check_allocation
 from ...xp import host_empty
 from ..base import KernelBase, register
 from . import _spatial as sp
@@ -327,6 +328,13 @@ class ConvTranspose(KernelBase):
         if not b.is_absent and tuple(b.shape) != (M,):
             raise self.error(f"B must have shape ({M},), got {list(b.shape)}", X=x, W=w, B=b)
         xc = self.to_compute(x)
+        # the output, and the buffer the scatter path fills (the full result and the
+        # requested window), in the compute type, before either exists
+        N = x.shape[0]
+        check_allocation(self, [N, M] + out, xc.dtype)
+        full = [strides[i] * (S[i] - 1) + ek[i] for i in range(n_sp)]
+        check_allocation(self, [N, M] + [max(full[i], pads_r[i] + out[i]) - min(0, pads_r[i])
+                                         for i in range(n_sp)], xc.dtype, what="working buffer")
         wc = self.to_compute(w, xc.dtype)
         bc = None if b.is_absent else self.to_compute(b, xc.dtype)
         y = conv_transpose_forward(self.xp, xc, wc, bc, group, strides, dilations, pads_r, out)

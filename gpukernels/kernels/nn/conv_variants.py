@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ..base import KernelBase, register
 from . import _spatial as sp
 from .conv import conv_attributes, conv_forward
@@ -196,6 +197,7 @@ class Col2Im(KernelBase):
         xp = np if is_string else self.xp
         arr = t.array if is_string else self.to_compute(t)
         padded = [image[i] + pads[i] + pads[i + n_sp] for i in range(n_sp)]
+        check_allocation(self, [N, C] + padded, arr.dtype, "padded image")
         if is_string:
             buf = np.full((N, C) + tuple(padded), "", dtype=object)
         else:

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from . import _pool_host
@@ -86,6 +87,11 @@ def pool_geometry(kernel, x, kernel_shape, strides, pads, auto_pad, dilations=No
         else:
             pads = sp.resolve_pads(kernel, mode, None, S, K, strides, dilations, X=x)
             out = [-(-S[i] // strides[i]) for i in range(n_sp)]
+    # the output and the padded input some paths build, before either exists
+    itemsize = max(x.array.dtype.itemsize, 4)
+    check_allocation(kernel, list(x.shape[:2]) + out, itemsize)
+    check_allocation(kernel, list(x.shape[:2]) + [S[i] + pads[i] + pads[i + n_sp] for i in range(n_sp)],
+                     itemsize, "padded input")
     return Geometry(K, strides, dilations, pads, out)
 
 
@@ -371,6 +377,9 @@ class MaxUnpool(KernelBase):
         if final_shape is not None and any(f < u for f, u in zip(final_shape[2:], spatial)):
             raise self.error(f"output_shape {final_shape} is smaller than the unpooled size {shape}",
                              X=x, output_shape=osh)
+        check_allocation(self, shape, x.array.dtype)
+        if final_shape is not None:
+            check_allocation(self, final_shape, x.array.dtype)
         xp = self.xp
         total = sp.prod(shape)
         flat_idx = i.array.reshape(-1)
@@ -413,6 +422,9 @@ class MaxRoiPool(KernelBase):
         PH, PW = (int(v) for v in pooled_shape)
         N, C, H, W = x.shape
         R = r.shape[0]
+        # the output and the per-RoI bin masks (R, PH, H) and (R, PW, W), before they exist
+        check_allocation(self, (R, C, PH, PW), max(x.array.dtype.itemsize, 4))
+        check_allocation(self, (R, max(PH * H, PW * W)), 1, "bin masks")
         xp = self.xp
         xc = self.to_compute(x)
         rc = self.to_compute(r, np.float64)

@@ -1,5 +1,11 @@
 """Helpers shared by the quantization kernels: parameter granularity (per tensor, per
-axis, blocked), output-type resolution, rounding into integer or small-float targets."""
+axis, blocked), output-type resolution, rounding into integer or small-float targets.
+
+The quantization kernels have one code path, written with ``xp``, for both devices, and
+the same IEEE operations in the same precision on each (x / scale as one division, never a
+multiplication by the reciprocal; round half to even; the zero point added; saturation
+with fmax/fmin so NaN maps alike), so CPU and GPU results are bit-identical for identical
+inputs (tests/test_quantized_parity.py).  Keep it so: no host-only variant here."""
 
 from __future__ import annotations
 
@@ -161,6 +167,8 @@ def quantize_values(kernel, q, out_type: DataType, zp=None, saturate: bool = Tru
 
 
 def round_through(kernel, array, data_type):
-    """array (float32) rounded to data_type and back (emulates arithmetic in that type)."""
-    t = kernel.from_compute(array, data_type)
+    """array (float32) rounded to data_type and back (emulates arithmetic in that type).
+    Values beyond the type's range become +-inf, as the arithmetic would give (no warning)."""
+    with np.errstate(over="ignore"):
+        t = kernel.from_compute(array, data_type)
     return kernel.to_compute(t, np.float32)

@@ -111,7 +111,9 @@ class DequantizeLinear(KernelBase):
 @register()
 class DynamicQuantizeLinear(KernelBase):
     """uint8 quantization with scale and zero point from the data range (which is widened
-    to include 0).  An all-zero or empty input gives scale 0, zero point 0 and y = 0."""
+    to include 0), each step of the spec's formulas in float32.  An all-zero or empty input
+    gives scale 0, zero point 0 and y = 0 (onnxruntime returns scale 1 there); data with NaN
+    or inf gives a NaN or inf scale, zero point 0 and y = 0."""
 
     class Result(NamedTuple):
         y: Tensor
@@ -131,7 +133,10 @@ class DynamicQuantizeLinear(KernelBase):
         scale = ((hi - lo) / np.float32(255)).astype(np.float32)
         zero = scale == 0
         safe = xp.where(zero, np.float32(1), scale)
-        zp = xp.clip(xp.rint(np.float32(0) - lo / safe), 0, 255)
+        zp = xp.rint(np.float32(0) - lo / safe)
+        # saturate with fmax/fmin: a NaN zero point (data with NaN or inf) becomes 0 on every
+        # device instead of depending on how a NaN float -> uint8 cast behaves there
+        zp = xp.fmin(xp.fmax(zp, np.float32(0)), np.float32(255))
         zp = xp.where(zero, np.float32(0), zp).astype(np.float32)
         q = xp.divide(xs, safe, dtype=np.float32)
         if not xs.size:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import dtypes
+from ...limits import check_allocation
 from ...xp import parallel_ranges
 from ..base import KernelBase, register
 
@@ -107,6 +109,11 @@ class DFT(KernelBase):
             n = 2 * (dim - 1) if (onesided and inverse) else dim
         if n < 1:
             raise self.error(f"dft_length must be positive, got {n}", **named)
+        # the transform (complex, two compute-type values per element) before it exists
+        out_shape = list(x.shape)
+        out_shape[ax] = n // 2 + 1 if (onesided and not inverse) else n
+        out_shape[-1] = 2
+        check_allocation(self, out_shape, dtypes.info(x.data_type).compute)
         xp = self.xp
         xc = self.to_compute(x)
         sig, is_complex = _to_complex(xp, xc)
@@ -157,6 +164,9 @@ class STFT(KernelBase):
         xc = self.to_compute(s)
         sig, _ = _to_complex(xp, xc)
         frames = (length - fl) // step + 1
+        # the frames (batch, frames, frame_length) overlap: up to length**2 / 2 complex
+        # values from a signal of `length`; checked before they exist
+        check_allocation(self, (s.shape[0], frames, fl, 2), dtypes.info(s.data_type).compute, "frames")
         idx = xp.arange(frames)[:, None] * step + xp.arange(fl)[None, :]
         chunks = sig[:, idx]  # (batch, frames, fl)
         if not wt.is_absent:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...limits import check_allocation
 from ..base import KernelBase, register
 from ..quant._common import check_output_type
 
@@ -39,6 +40,7 @@ class _Window(KernelBase):
         if n < 0:
             raise self.error(f"size must be non-negative, got {n}", **named)
         out = check_output_type(self, output_datatype, "output_datatype")
+        check_allocation(self, (n,), np.float64)  # computed in float64
         a0, a1, a2 = self.coefficients
         denom = n if periodic else n - 1
         k = np.arange(n, dtype=np.float64)
@@ -86,6 +88,7 @@ class MelWeightMatrix(KernelBase):
         if not 0 <= lo <= hi:
             raise self.error(f"need 0 <= lower_edge_hertz ({lo}) <= upper_edge_hertz ({hi})", **named)
         nspec = dft // 2 + 1
+        check_allocation(self, (nspec, mel), np.float64)  # computed in float64
         lo_mel = 2595.0 * np.log10(1.0 + lo / 700.0)
         hi_mel = 2595.0 * np.log10(1.0 + hi / 700.0)
         pts = np.arange(mel + 2, dtype=np.float64) * ((hi_mel - lo_mel) / (mel + 2)) + lo_mel

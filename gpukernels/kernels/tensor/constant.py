@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 
@@ -62,5 +63,6 @@ class ConstantOfShape(KernelBase):
         if fill.size != 1:
             raise self.error(f"value must hold exactly one element, got shape {list(fill.shape)}")
         fill_host = fill.numpy().reshape(())
+        check_allocation(self, shape, fill.dtype)
         out = np.full(shape, fill_host, dtype=fill.dtype)
         return Tensor(out, fill.data_type).to(self.device) if self.on_gpu else Tensor.wrap(out, fill.data_type)

@@ -29,6 +29,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ...xp import host_blocks
 from ..base import KernelBase, register
@@ -349,6 +350,9 @@ class AffineGrid(KernelBase):
         xp = self.xp
         th = self.to_compute(t)
         work = th.dtype
+        # the grid (N, *spatial, r) and the float64 coordinates (P, r + 1) and mesh
+        check_allocation(self, [N] + dims[2:] + [r], work)
+        check_allocation(self, dims[2:] + [2 * (r + 1)], np.float64, "coordinate grid")
         axes = []
         for L in dims[2:]:
             i = np.arange(L, dtype=np.float64)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ...xp import host_empty, parallel_ranges
 from ..base import KernelBase, register
@@ -223,6 +224,9 @@ class OneHot(KernelBase):
         n = int(depth_v)
         r = i.ndim + 1
         ax = norm_axis(self, axis, r, **named)
+        out_shape = list(i.shape)
+        out_shape.insert(ax, n)
+        check_allocation(self, out_shape, v.array.dtype)
         xp = xp_for(self, v)
         idx = on(xp, self.to_compute(i) if dtypes.info(i.data_type).is_exotic else i.array)
         if idx.dtype.kind == "f":

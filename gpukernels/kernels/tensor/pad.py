@@ -16,6 +16,7 @@ import functools
 import numpy as np
 
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ._common import host_ints, norm_axes, xp_for
@@ -120,6 +121,7 @@ class Pad(KernelBase):
         if not any(before) and not any(after):
             return arr.copy()
         out_shape = tuple(n + b + a for n, b, a in zip(arr.shape, before, after))
+        check_allocation(self, out_shape, arr.dtype)
         if mode == "constant":
             out = xp.empty(out_shape, dtype=arr.dtype)
             out[...] = self._fill_value(x, fill, xp)

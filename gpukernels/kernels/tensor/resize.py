@@ -34,6 +34,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ._common import host_floats, host_ints, norm_axes, product, xp_for
@@ -281,6 +282,8 @@ class _ResizeCore(KernelBase):
             arr = x.array
         else:
             arr = x.array.astype(np.float64)
+        # the output, and its intermediates in the compute type, before any of them exists
+        check_allocation(self, out_shape, max(x.array.dtype.itemsize, arr.dtype.itemsize))
         work = np.float64 if arr.dtype in (np.float64, np.complex128) or info.kind in ("int", "uint") \
             else np.float32
         extra_masks = []

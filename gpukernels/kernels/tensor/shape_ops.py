@@ -11,6 +11,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ._common import deliver, host_ints, norm_axes, norm_axis, permuted_copy, product, xp_for
@@ -181,6 +182,7 @@ class Expand(KernelBase):
         if any(d < 0 for d in dims):
             raise self.error(f"negative dimension in shape {dims}", input=x, shape=s)
         out = broadcast_shapes(self, x.shape, dims, input=x, shape=s)
+        check_allocation(self, out, x.array.dtype)
         xp = xp_for(self, x)
         return Tensor.wrap(xp.ascontiguousarray(xp.broadcast_to(x.array, out)), x.data_type)
 
@@ -215,6 +217,7 @@ class Tile(KernelBase):
             raise self.error(f"negative repeats {reps}", input=x)
         if x.ndim == 0:
             return Tensor.wrap(x.array.copy(), x.data_type)
+        check_allocation(self, [d * r for d, r in zip(x.shape, reps)], x.array.dtype)
         return Tensor.wrap(xp.tile(x.array, reps), x.data_type)
 
 
@@ -507,6 +510,7 @@ class CenterCropPad(KernelBase):
             else:
                 start = (d - cur) // 2
                 dst[a] = slice(start, start + cur)
+        check_allocation(self, out_shape, x.array.dtype)
         out = _zero_fill(x, xp, tuple(out_shape))
         out[tuple(dst)] = x.array[tuple(src)]
         return Tensor.wrap(out, x.data_type)

@@ -2,21 +2,29 @@
 
 Strings are Python str in NumPy object arrays.  Case changes use Python's str.lower /
 str.upper (full Unicode case mapping, independent of installed locales); the 'locale'
-attribute of StringNormalizer is accepted and ignored.  RegexFullMatch uses Python's
-``re.fullmatch``: the common RE2 syntax (classes, groups, alternation, repetition,
-anchors, \\b, \\w, \\d, \\s, named groups (?P<name>...)) behaves the same; RE2-only
-constructs such as \\pL or \\C raise a clear error.
+attribute of StringNormalizer is accepted and ignored.  RegexFullMatch uses RE2 (the
+``google-re2`` package) with its default options, as the spec asks: RE2 syntax and
+semantics (\\pL, \\p{Greek}, [[:alpha:]], \\Q...\\E, ASCII-only \\w/\\d/\\s/\\b, '.' not
+matching a newline) and matching in time linear in the text, so a pattern such as
+``(a+)+$`` cannot blow up as it does in a backtracking engine.  Constructs RE2 does not
+have (backreferences, look-around, \\Z) raise a KernelInputError naming the pattern.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from typing import NamedTuple
 
 import numpy as np
 
+try:
+    import re2
+except ImportError:  # pragma: no cover - declared dependency; RegexFullMatch says so
+    re2 = None
+
 from ...dtypes import DataType
+from ...errors import UnsupportedOperatorError
+from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 
@@ -72,6 +80,8 @@ class StringSplit(KernelBase):
         parts = [str(s).split(sep, limit) for s in x.ravel()]
         counts = np.array([len(p) for p in parts], np.int64).reshape(x.shape)
         width = int(counts.max()) if counts.size else 0
+        # padded to the longest split: one long element widens every row
+        check_allocation(self, x.shape + (width,), object)
         y = np.full(x.size * width, "", dtype=object)
         flat = [piece for p in parts for piece in p + [""] * (width - len(p))]
         y[:] = flat if flat else y[:0]
@@ -110,12 +120,17 @@ class StringNormalizer(KernelBase):
         return self.result(_str_array(items, shape), D.STRING)
 
 
-_RE2_ONLY = re.compile(r"\\[pPC]|\\Q|\\E|\(\?[imsU-]*:|\[\[:")
-
-
 @functools.lru_cache(maxsize=256)
 def _compile(pattern: str):
-    return re.compile(pattern)
+    """The compiled RE2 pattern; raises re2.error for an invalid one."""
+    options = re2.Options()
+    options.log_errors = False  # the message goes into our exception, not to stderr
+    return re2.compile(pattern, options)
+
+
+def _re2_message(exc) -> str:
+    msg = exc.args[0] if exc.args else str(exc)
+    return msg.decode("utf-8", "replace") if isinstance(msg, bytes) else str(msg)
 
 
 @register()
@@ -124,10 +139,22 @@ class RegexFullMatch(KernelBase):
         xt, x = _strings(self, X, "X")
         if pattern is None:
             raise self.error("attribute 'pattern' is required", X=xt)
+        if isinstance(pattern, bytes):
+            try:
+                pattern = pattern.decode("utf-8")
+            except UnicodeDecodeError:
+                raise self.error(f"pattern {pattern[:200]!r} is not UTF-8 text", X=xt) from None
+        if re2 is None:  # pragma: no cover - google-re2 is a declared dependency
+            raise UnsupportedOperatorError("RegexFullMatch needs the 'google-re2' package "
+                                           "(pip install google-re2)")
         try:
             rx = _compile(pattern)
-        except re.error as exc:
-            hint = " (RE2-only syntax is not supported)" if _RE2_ONLY.search(pattern) else ""
-            raise self.error(f"invalid pattern {pattern!r}: {exc}{hint}", X=xt) from None
-        out = np.fromiter((rx.fullmatch(str(s)) is not None for s in x.ravel()), dtype=bool, count=x.size)
+        except re2.error as exc:
+            shown = repr(pattern) if len(pattern) <= 200 else repr(pattern[:200]) + "..."
+            raise self.error(f"invalid RE2 pattern {shown}: {_re2_message(exc)}", X=xt) from None
+        try:
+            out = np.fromiter((rx.fullmatch(s if isinstance(s, (str, bytes)) else str(s)) is not None
+                               for s in x.ravel()), dtype=bool, count=x.size)
+        except UnicodeEncodeError as exc:
+            raise self.error(f"an element of X is not valid Unicode text: {exc}", X=xt) from None
         return self.result(self.xp.asarray(out.reshape(x.shape)), D.BOOL)

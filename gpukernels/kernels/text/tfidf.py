@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dtypes import DataType
+from ...limits import check_allocation
 from ..base import KernelBase, register
 
 D = DataType
@@ -88,6 +89,10 @@ class TfIdfVectorizer(KernelBase):
         if w.size != total:
             raise self.error(f"weights has {w.size} entries, expected {total}", **named)
         width = int(indexes.max()) + 1 if indexes.size else 0
+        # the output width is the largest ngram_index + 1, whatever the pool's size
+        nrows = xt.shape[0] if xt.ndim == 2 else 1
+        check_allocation(self, (nrows, width), np.float32)
+        check_allocation(self, (nrows, total), np.float64, what="count table")
         # token ids
         x = xt.numpy()
         rows = x.reshape(1, -1) if x.ndim == 1 else x

@@ -93,6 +93,7 @@ def test_string_normalizer_all_removed_and_errors(device):
 @pytest.mark.parametrize("pattern", [r"www\.[\w.-]+\.\bcom\b", r"a+b*", r"(\W|^)[\w.\-]{0,25}@(yahoo|gmail)\.com(\W|$)",
                                      r"[0-9]{2,3}", r".*", r"(?P<x>ab)+"])
 def test_regex_full_match(device, pattern):
+    # Syntax RE2 and Python's re share, on texts where their semantics agree.
     import re
     x = S(["www.google.com", "aab", "b", "12", "1234", "", "abab", "me@gmail.com", "Ä"], (3, 3))
     y = RegexFullMatch(KernelContext(device))(x, pattern=pattern)
@@ -101,12 +102,96 @@ def test_regex_full_match(device, pattern):
     assert list(y.numpy().ravel()) == exp
 
 
+@pytest.mark.parametrize("pattern, texts, expected", [
+    (r"\pL+", ["héllo", "ÄÖü", "a1", ""], [True, True, False, False]),
+    (r"\p{Greek}+", ["αβγ", "abc"], [True, False]),
+    (r"[[:alpha:]]+[[:digit:]]", ["abc1", "abc", "1"], [True, False, False]),
+    (r"\Qa.b\E", ["a.b", "axb"], [True, False]),
+    (r"\w+", ["abc_1", "Ä", "straße"], [True, False, False]),  # RE2's \w is ASCII
+    (r"a.b", ["axb", "a\nb"], [True, False]),  # '.' does not match a newline
+    (r"(?s)a.b", ["a\nb"], [True]),
+    (r"(?i)abc", ["ABC", "abd"], [True, False]),
+    (r"(?U)a+", ["aaa"], [True]),  # non-greedy swap does not change a full match
+    (r"ab\z", ["ab", "ab\n"], [True, False]),
+    (r"a|ab", ["ab", "a"], [True, True]),  # full match, not the leftmost-first prefix
+    (r"\x{41}\x42", ["AB"], [True]),
+])
+def test_regex_full_match_re2_syntax(device, pattern, texts, expected):
+    y = RegexFullMatch(KernelContext(device))(S(texts), pattern=pattern)
+    assert list(y.numpy()) == expected
+
+
+def _run_with_deadline(code, seconds=120):
+    """Run code in a fresh interpreter and return what it prints (JSON).  A backtracking
+    regex engine holds the GIL, so a thread cannot guard it: a child process with a
+    timeout makes a regression fail the test instead of hanging the suite."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    try:
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                              text=True, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"did not finish within {seconds} s (exponential regex matching?)")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_regex_full_match_is_linear_time():
+    # Exponential for a backtracking engine on these texts (minutes at 40 characters);
+    # RE2 answers in microseconds.
+    got = _run_with_deadline("""
+        import json
+        import numpy as np
+        from gpukernels.kernels.base import KernelContext
+        from gpukernels.kernels.text.strings import RegexFullMatch
+        texts = np.array(["a" * 40 + "b", "a" * 64 + "!", "x" * 48, "a" * 5000 + "c"], dtype=object)
+        k = RegexFullMatch(KernelContext("cpu"))
+        out = {p: k(texts, pattern=p).numpy().tolist()
+               for p in [r"(a+)+$", r"(a|aa)+", r"(a*)*b", r"(x+x+)+y"]}
+        print(json.dumps(out))
+    """)
+    assert got == {r"(a+)+$": [False] * 4, r"(a|aa)+": [False] * 4,
+                   r"(a*)*b": [True, False, False, False], r"(x+x+)+y": [False] * 4}
+
+
+def test_regex_constant_input_folds_at_session_creation():
+    # A constant input makes constant folding run the kernel inside Session() (its output
+    # is an intermediate, so it folds): it must finish, with the right answer, instead of
+    # hanging the constructor.
+    got = _run_with_deadline("""
+        import json
+        import numpy as np
+        import onnx
+        from onnx import TensorProto, helper
+        from gpukernels.runtime import Session
+        const = helper.make_tensor("x", TensorProto.STRING, [2], [b"a" * 40 + b"b", b"aaa"])
+        graph = helper.make_graph(
+            [helper.make_node("Constant", [], ["x"], value=const),
+             helper.make_node("RegexFullMatch", ["x"], ["m"], pattern="(a+)+$"),
+             helper.make_node("Not", ["m"], ["y"])],
+            "g", [], [helper.make_tensor_value_info("y", TensorProto.BOOL, [2])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+        onnx.checker.check_model(model)
+        session = Session(model, device="cpu")
+        assert [p.op_type for p in session.graph.folded] == ["Constant", "RegexFullMatch"], \
+            [p.op_type for p in session.graph.folded]
+        print(json.dumps(np.asarray(session.run(None, {})[0]).tolist()))
+    """)
+    assert got == [True, False]
+
+
 def test_regex_errors(device):
     k = RegexFullMatch(KernelContext(device))
-    with pytest.raises(KernelInputError, match="RegexFullMatch.*invalid pattern"):
+    with pytest.raises(KernelInputError, match=r"RegexFullMatch.*invalid RE2 pattern '\(': missing \)"):
         k(S(["a"]), pattern="(")
-    with pytest.raises(KernelInputError, match="RE2-only"):
-        k(S(["a"]), pattern=r"\pL+")
+    # Perl/Python constructs RE2 does not have: a clear error, never a silent mismatch.
+    for bad in [r"(a)\1", r"(?=a)a", r"(?<!b)a", r"a\Z", r"(?P<n>a)(?P=n)", "a{2,1}", "a{1001}"]:
+        with pytest.raises(KernelInputError, match=r"RegexFullMatch: invalid RE2 pattern") as info:
+            k(S(["a"]), pattern=bad)
+        assert repr(bad) in str(info.value)
     with pytest.raises(KernelInputError, match="pattern"):
         k(S(["a"]))
     assert k(S([], (0, 2)), pattern="a").shape == (0, 2)

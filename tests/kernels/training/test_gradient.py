@@ -124,8 +124,14 @@ def _kernel_in_scope(device, graph, values):
     prepared = Prepared()
     prepared.graph = graph
     k = Gradient(KernelContext(device, {"": 12, "ai.onnx.preview.training": 1}))
-    k.outer_scope = Scope(dict(values), None, prepared)
-    return k
+    scope = Scope(dict(values), None, prepared)
+
+    def call(*args, **attrs):
+        with k.in_scope(scope):
+            return k(*args, **attrs)
+
+    call.kernel = k
+    return call
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
@@ -155,9 +161,8 @@ def test_gradient_kernel_errors(device):
         k(a, xs=["a", "b"], y="c")
     with pytest.raises(KernelInputError, match="Gradient.*not available"):
         _kernel_in_scope(device, graph, {"a": a})(a, xs=["a"], y="c")  # b: not in xs/zs nor in the scope
-    k.outer_scope = None
     with pytest.raises(KernelInputError, match="Gradient needs the enclosing graph"):
-        k(a, a, xs=["a", "b"], y="c")
+        k.kernel(a, a, xs=["a", "b"], y="c")  # a direct call outside any scope
     # an x y does not depend on gets zeros
     k = _kernel_in_scope(device, graph, {"a": a, "b": a})
     da, db = k(a, a, xs=["a", "b"], y="c")
