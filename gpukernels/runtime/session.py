@@ -15,7 +15,7 @@ from ..tensor import Optional, Sequence, Tensor, to_host_value
 from ..xp import Device, require
 from .body import CompiledGraph
 from .graph import PreparedGraph, functions_of
-from .validation import check_feed, check_model
+from .validation import check_model, feed_checker
 
 
 def load_model(model, base_dir: str | None = None) -> tuple[onnx.ModelProto, str | None]:
@@ -81,6 +81,7 @@ class Session:
         self.input_names = [i.name for i in self.inputs]
         self.output_names = [o.name for o in self.outputs]
         self._input_types = {i.name: i.type for i in self.model.graph.input}
+        self._checkers = {name: feed_checker(name, tp) for name, tp in self._input_types.items()}
         # repeated runs with the same input types and shapes go through a compiled plan
         # (see runtime.body.CompiledGraph); the option compile_graph=False turns it off
         self._compiled = CompiledGraph(self.graph) if self.ctx.option("compile_graph", True) else None
@@ -88,7 +89,7 @@ class Session:
     def feed(self, name: str, value):
         """Convert a user value for input name into a runtime value on the device."""
         tp = self._input_types.get(name)
-        return to_runtime_value(check_feed(name, value, tp), tp, self.device)
+        return to_runtime_value(self._checkers[name](value), tp, self.device)
 
     def run_values(self, feeds: dict, observer=None) -> list:
         """Run with feeds {name: value}; returns runtime values (Tensors, Sequences...)."""
