@@ -82,6 +82,7 @@ class Session:
         self.output_names = [o.name for o in self.outputs]
         self._input_types = {i.name: i.type for i in self.model.graph.input}
         self._checkers = {name: feed_checker(name, tp) for name, tp in self._input_types.items()}
+        self._device_spans = None  # device memory ranges of the constants, when first needed
         # repeated runs with the same input types and shapes go through a compiled plan
         # (see runtime.body.CompiledGraph); the option compile_graph=False turns it off
         self._compiled = CompiledGraph(self.graph) if self.ctx.option("compile_graph", True) else None
@@ -92,7 +93,32 @@ class Session:
         return to_runtime_value(self._checkers[name](value), tp, self.device)
 
     def run_values(self, feeds: dict, observer=None) -> list:
-        """Run with feeds {name: value}; returns runtime values (Tensors, Sequences...)."""
+        """Run with feeds {name: value}; returns runtime values (Tensors, Sequences...)
+        on the session's device.  Returned tensors never share memory with the
+        session's constants (those are copied)."""
+        return [self._detach(v) for v in self._run_values(feeds, observer)]
+
+    def _detach(self, value):
+        """value, or a copy of it where its array is one of the session's constants (or a
+        view of one): read-only NumPy arrays, or CuPy arrays inside a constant's memory."""
+        if value.__class__ is Tensor and value.array is not None:
+            arr = value.array
+            if arr.__class__ is np.ndarray:
+                return value if arr.flags.writeable else Tensor.wrap(arr.copy(), value.data_type)
+            if self._device_spans is None:
+                self._device_spans = _device_spans(self.graph.constants)
+            lo = arr.data.ptr
+            hi = lo + arr.nbytes
+            if any(lo < end and start < hi for start, end in self._device_spans):
+                return Tensor.wrap(arr.copy(), value.data_type)
+            return value
+        if isinstance(value, Sequence):
+            return Sequence([self._detach(t) for t in value.tensors], value.elem_type)
+        if isinstance(value, Optional) and value.value is not None:
+            return Optional(self._detach(value.value), value.type_proto)
+        return value
+
+    def _run_values(self, feeds: dict, observer=None) -> list:
         unknown = set(feeds) - set(self._input_types)
         if unknown:
             raise InputError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are "
@@ -109,7 +135,7 @@ class Session:
 
     def run(self, output_names, feeds: dict, observer=None) -> list:
         """onnxruntime-style: host values of the requested outputs (all when None)."""
-        values = self.run_values(feeds, observer=observer)
+        values = self._run_values(feeds, observer=observer)
         if output_names is None:
             return [_owned(to_host_value(v)) for v in values]
         index = {n: i for i, n in enumerate(self.output_names)}
@@ -117,6 +143,16 @@ class Session:
             return [_owned(to_host_value(values[index[n]])) for n in output_names]
         except KeyError as exc:
             raise ModelError(f"unknown output {exc.args[0]!r}; outputs are {self.output_names}") from None
+
+
+def _device_spans(constants: dict) -> list:
+    """(start, end) device addresses of the device arrays among constants."""
+    spans = []
+    for t in constants.values():
+        arr = getattr(t, "array", None)
+        if arr is not None and arr.__class__ is not np.ndarray and hasattr(arr, "data"):
+            spans.append((arr.data.ptr, arr.data.ptr + arr.nbytes))
+    return spans
 
 
 def _owned(value):

@@ -81,3 +81,14 @@ def test_if_branch_returning_its_initializer_is_copied():
     y = session.run(None, {"c": np.array(True)})[0]
     y[...] = 0.0
     np.testing.assert_array_equal(session.run(None, {"c": np.array(True)})[0], W)
+
+
+def test_run_values_never_hand_out_constant_memory(device):
+    model = _model([helper.make_node("Identity", ["w"], ["y"]),
+                    helper.make_node("Flatten", ["w"], ["z"])], ["y", "z"], [_float_data_tensor("w", W)])
+    session = Session(model, device=device, options={"compile_graph": False})
+    for out in session.run_values({}):
+        out.array[...] = -1.0  # the caller's own memory: allowed, and changes nothing else
+    again = session.run_values({})
+    np.testing.assert_array_equal(again[0].numpy(), W)
+    np.testing.assert_array_equal(again[1].numpy(), W)
