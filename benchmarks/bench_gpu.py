@@ -88,6 +88,7 @@ class EmuEnv:
         sys.path.insert(0, str(REPO / "tools" / "cuda_emu"))
         import emulator
 
+        self.emulator = emulator
         self.backend = emulator.EmuBackend()
         self.count = {}
 
@@ -102,7 +103,7 @@ class EmuEnv:
 
             def cuda_path(**arguments):
                 extra = module.run_options(k) if hasattr(module, "run_options") else {}
-                r = module.run(self.backend, **arguments, **extra)
+                r = self.emulator.run_op(module.run, self.backend, **arguments, **extra)
                 if r is None:
                     raise RuntimeError(f"{k.op_type}: the CUDA path does not cover this case")
                 self.count[k.op_type] = self.count.get(k.op_type, 0) + 1

@@ -303,8 +303,9 @@ def _conv_case(env, rng, case, dtype, xs, ws, group=1, bias=True, **attrs):
         if env.name == "emulator":  # the class only takes its CUDA branch on a GPU
             kk = Conv(array_k.ctx)
             st, pd, dl, _ = conv_attributes(kk, Tensor(x), Tensor(w), None, strides, dil, pads, "NOTSET", group)
-            out = gpu_conv.run(env.backend, X=Tensor(x), W=Tensor(w), B=None if b is None else Tensor(b),
-                               strides=st, pads=pd, dilations=dl, group=group)
+            out = env.emulator.run_op(gpu_conv.run, env.backend, X=Tensor(x), W=Tensor(w),
+                                  B=None if b is None else Tensor(b), strides=st, pads=pd,
+                                  dilations=dl, group=group)
             if out is None:
                 raise RuntimeError("the CUDA kernel does not cover this case")
             y = out.numpy()

@@ -226,6 +226,24 @@ template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi
 template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
   return gk::pack_bf162(lo, hi);
 }
+// P for the P V product: float16 keeps the probabilities as hi + lo (two float16 parts, about
+// 22 significant bits) so that O is within float32 rounding of the exact P V, as the array
+// path computes it (one float16 rounding of P alone puts outputs 2 ulps off the official
+// cases' float32-computed expectations).  bfloat16 rounds P once (its 8-bit output ulp is
+// far above that error), as flash-attention kernels do.
+template <class T> struct SplitP { static constexpr bool value = false; };
+template <> struct SplitP<__half> { static constexpr bool value = true; };
+template <class T>
+__device__ __forceinline__ void pack_p(float p0, float p1, unsigned& hi, unsigned& lo) {
+  if (SplitP<T>::value) {
+    const float h0 = gk::to_float(gk::from_float<T>(p0)), h1 = gk::to_float(gk::from_float<T>(p1));
+    hi = pack2<T>(h0, h1);
+    lo = pack2<T>(p0 - h0, p1 - h1);
+  } else {
+    hi = pack2<T>(p0, p1);
+    lo = 0u;
+  }
+}
 __device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half*) {
   gk::mma_m16n8k16_f16(d, a, b, d);
 }
@@ -410,7 +428,8 @@ __device__ __forceinline__ void copy_chunk8(T* dst, const T* src, const T* base,
 // NW warps; warp w owns rows w*16 .. +16 of the block (BM = 16 NW).  Per key tile:
 // S (16 x BN) = Q K^T with m16n8k16 (A = Q from ldmatrix, B = K rows from ldmatrix), the
 // online softmax on the accumulator fragments (a row spans the 4 lanes of a quad), then
-// O += P V with P taken straight from the S fragments (rounded to T) and V through
+// O += P V with P taken straight from the S fragments (rounded to T; float16: hi + lo, see
+// pack_p) and V through
 // ldmatrix.trans.  K/V tiles are double-buffered (cp.async when 16-byte aligned).
 // Shared memory: Qs [BM][LD], Ks [2][BN][LD], Vs [2][BN][LD] with LD = DMAX + 8.
 template <class T, int DMAX, int NW>
@@ -526,9 +545,11 @@ __global__ void __launch_bounds__(NW * 32) gk_attn_tc(
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const unsigned af[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      unsigned af[4], al[4];
+      pack_p<T>(s[2 * kk][0], s[2 * kk][1], af[0], al[0]);
+      pack_p<T>(s[2 * kk][2], s[2 * kk][3], af[1], al[1]);
+      pack_p<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], af[2], al[2]);
+      pack_p<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], af[3], al[3]);
 #pragma unroll
       for (int n2 = 0; n2 < NO / 2; ++n2) {
         if (n2 * 16 >= dvpad) break;
@@ -537,6 +558,10 @@ __global__ void __launch_bounds__(NW * 32) gk_attn_tc(
         const unsigned b0[2] = {bq[0], bq[1]}, b1[2] = {bq[2], bq[3]};
         mma_dispatch(o[2 * n2], af, b0, (T*)nullptr);
         mma_dispatch(o[2 * n2 + 1], af, b1, (T*)nullptr);
+        if (SplitP<T>::value) {
+          mma_dispatch(o[2 * n2], al, b0, (T*)nullptr);
+          mma_dispatch(o[2 * n2 + 1], al, b1, (T*)nullptr);
+        }
       }
     }
   }

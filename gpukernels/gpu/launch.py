@@ -10,7 +10,9 @@ CuPy's own disk cache then makes later processes fast.  The options carry a dige
 file under ``cuda/`` so that an edited header is never served from a stale cache.
 
 A *backend* is what an operator's launch code talks to: ``xp`` (the array namespace),
-``function(source, expr)``, ``empty``, ``launch`` and a few device properties.  The
+``function(source, expr)``, ``empty``, ``device_array`` (a device array made C-contiguous;
+host arrays are refused, as CuPy refuses them), ``upload`` (host data to the device),
+``to_host``, ``launch`` and a few device properties.  The
 CuPy backend here runs on a GPU; ``tools/cuda_emu/emulator.py`` provides the same interface
 on the CPU emulator, so that the very same launch code is exercised without a GPU.
 
@@ -274,9 +276,24 @@ class CupyBackend:
             return out
 
     def device_array(self, array):
-        """array as a C-contiguous array on this device (no copy when it already is)."""
+        """array (a device array) as a C-contiguous array on this device (no copy when it
+        already is).  Host arrays are refused, as cupy.ascontiguousarray refuses them: host
+        data goes through ``upload``, so that no launch copies host data by accident."""
+        if not isinstance(array, self.xp.ndarray):
+            raise TypeError(f"device_array got a host {type(array).__module__}.{type(array).__name__}, not a "
+                            "cupy.ndarray (cupy.ascontiguousarray refuses host arrays); copy host data with "
+                            "backend.upload")
         with self.xp.cuda.Device(self.device.index):
             return self.xp.ascontiguousarray(array)
+
+    def upload(self, array):
+        """Host data (a NumPy array) copied to this device as a C-contiguous array."""
+        with self.xp.cuda.Device(self.device.index):
+            return self.xp.ascontiguousarray(self.xp.asarray(array))
+
+    def to_host(self, array) -> np.ndarray:
+        """A host (NumPy) copy of a device array."""
+        return self.xp.asnumpy(array)
 
     @staticmethod
     def pointer(array) -> int:

@@ -126,6 +126,15 @@ def run(backend, *, query: Tensor, key: Tensor, value: Tensor, past_state=None, 
             ps = ps.astype(np.float32)
         s_in = backend.device_array(ps)
 
+    if T == 0:
+        # no token: present_state is past_state (or zeros); no kernel runs, so state_out is
+        # written here (the chunked path would otherwise return it uninitialised)
+        if s_in is None:
+            state_out[...] = 0
+        else:
+            state_out[...] = s_in
+        return Result(Tensor.wrap(out, dt), _present(backend, state_out, state_type))
+
     what = (f"LinearAttention {rule} ({describe_arrays(query=q, key=k, value=v, decay=dcy, beta=bt)}, "
             f"q_num_heads={Hq}, kv_num_heads={Hkv})")
     mode = mode or "auto"

@@ -22,11 +22,14 @@ SOURCE = "rotary_embedding.cu"
 CTYPES = {DataType.FLOAT: "float", DataType.FLOAT16: "__half", DataType.BFLOAT16: "__nv_bfloat16"}
 
 
-def _vecs(itemsize: int, interleaved: bool) -> list[int]:
-    """Vector widths (pairs per access) allowed for an element size: one X access of
-    VEC (or 2*VEC interleaved) elements is at most 16 bytes."""
-    per = 2 if interleaved else 1
-    return [v for v in (1, 2, 4, 8) if v * per * itemsize <= 16]
+def _widths(itemsize: int) -> list[int]:
+    """Elements per X/Y access W: one access is at most 16 bytes."""
+    return [w for w in (1, 2, 4, 8) if w * itemsize <= 16]
+
+
+def _pairs(width: int, interleaved: bool) -> int:
+    """Pairs of one rotation unit (and cache elements per cache access) for width W."""
+    return max(1, width // 2) if interleaved else width
 
 
 def expressions() -> list[str]:
@@ -34,23 +37,26 @@ def expressions() -> list[str]:
     for dt, ct in CTYPES.items():
         size = dtypes.info(dt).numpy.itemsize
         for inter in (False, True):
-            for vec in _vecs(size, inter):
+            for w in _widths(size):
                 for pos in (False, True):
-                    out.append(f"gk_rotary<{ct}, {vec}, {str(inter).lower()}, {str(pos).lower()}>")
+                    out.append(f"gk_rotary<{ct}, {w}, {str(inter).lower()}, {str(pos).lower()}>")
     return out
 
 
 CUDA_SOURCES = [CudaSource(SOURCE, expressions, no_spill=("gk_rotary",))]
 
 
-def _pick_vec(backend, itemsize, interleaved, half, D, arrays) -> int:
-    for vec in sorted(_vecs(itemsize, interleaved), reverse=True):
-        width = 2 * vec if interleaved else vec
-        if half % vec or D % width:
+def pick_width(backend, itemsize: int, interleaved: bool, half: int, D: int, xy: list, caches: list) -> int:
+    """The widest access W the kernel may use: D a multiple of W, rd/2 a multiple of the
+    unit's pairs, X and Y aligned to W elements, the caches to the unit's pairs.  W = 1
+    (scalar accesses) always qualifies."""
+    for w in sorted(_widths(itemsize), reverse=True):
+        pairs = _pairs(w, interleaved)
+        if D % w or half % pairs:
             continue
-        if all(backend.pointer(a) % (vec * itemsize) == 0 for a in arrays[2:]) and \
-                all(backend.pointer(a) % (width * itemsize) == 0 for a in arrays[:2]):
-            return vec
+        if all(backend.pointer(a) % (w * itemsize) == 0 for a in xy) and \
+                all(backend.pointer(a) % (pairs * itemsize) == 0 for a in caches):
+            return w
     return 1
 
 
@@ -106,16 +112,14 @@ def run(backend, *, X: Tensor, cos_cache: Tensor, sin_cache: Tensor, position_id
     else:
         p = None
     itemsize = np.dtype(x.dtype).itemsize
-    vec = _pick_vec(backend, itemsize, bool(interleaved), half, D, [x, out, c, s]) if half else \
-        _pick_vec(backend, itemsize, False, 0, D, [x, out, c, s])
-    width = 2 * vec if interleaved else vec
-    units = half // vec + (D - rd) // width
+    width = pick_width(backend, itemsize, bool(interleaved), half, D, [x, out], [c, s])
+    units = half // _pairs(width, bool(interleaved)) + (D - rd) // width
     tx = 1
     while tx < min(units, 32):
         tx *= 2
     ty = max(1, 256 // tx)
     grid = (ceil_div(rows, ty),)
-    expr = f"gk_rotary<{CTYPES[dt]}, {vec}, {str(bool(interleaved)).lower()}, {str(has_pos).lower()}>"
+    expr = f"gk_rotary<{CTYPES[dt]}, {width}, {str(bool(interleaved)).lower()}, {str(has_pos).lower()}>"
     fn = backend.function(SOURCE, expr)
     what = f"RotaryEmbedding ({describe_arrays(X=x, cos_cache=c, position_ids=p)}, rd={rd}, " \
            f"interleaved={int(bool(interleaved))})"

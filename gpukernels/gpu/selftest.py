@@ -1,8 +1,9 @@
 """Host side of cuda/selftest.cu: kernels that pin down warp/block/mma semantics.
 
 Each ``run_*`` takes a backend (CupyBackend on a GPU, EmuBackend in the emulator) and host
-NumPy inputs, and returns host NumPy results, so the same call checks the emulator in CI
-and the real device in scripts/gpu_check.sh.
+NumPy inputs, copies them to the device with ``backend.upload`` and returns host NumPy
+results (``backend.to_host``), so the same call checks the emulator in CI and the real
+device in scripts/gpu_check.sh.
 """
 
 from __future__ import annotations
@@ -23,31 +24,27 @@ def expressions() -> list[str]:
 CUDA_SOURCES = [CudaSource(SOURCE, expressions)]
 
 
-def _to_host(backend, a) -> np.ndarray:
-    return a if backend.xp is np else backend.xp.asnumpy(a)
-
-
 def run_warp(backend, x: np.ndarray, block: int = 64) -> np.ndarray:
     """(n, 8) float32 results of gk_selftest_warp for x (float32, n)."""
     n = x.size
-    xd = backend.device_array(np.ascontiguousarray(x, np.float32))
+    xd = backend.upload(np.ascontiguousarray(x, np.float32))
     out = backend.empty((n, 8), np.float32)
     fn = backend.function(SOURCE, "gk_selftest_warp")
     backend.launch(fn, (ceil_div(n, block),), (block,), (xd, out, i32(n)), 0, what="selftest warp")
-    return _to_host(backend, out)
+    return backend.to_host(out)
 
 
 def run_block(backend, x: np.ndarray, block: int = 128):
     """(per-block sums, total, per-block positive counts)."""
     n = x.size
     blocks = ceil_div(n, block)
-    xd = backend.device_array(np.ascontiguousarray(x, np.float32))
+    xd = backend.upload(np.ascontiguousarray(x, np.float32))
     sums = backend.empty((blocks,), np.float32)
-    total = backend.device_array(np.zeros(1, np.float32))
+    total = backend.upload(np.zeros(1, np.float32))
     counts = backend.empty((blocks,), np.int32)
     fn = backend.function(SOURCE, "gk_selftest_block")
     backend.launch(fn, (blocks,), (block,), (xd, sums, total, counts, i32(n)), block * 4, what="selftest block")
-    return _to_host(backend, sums), _to_host(backend, total), _to_host(backend, counts)
+    return backend.to_host(sums), backend.to_host(total), backend.to_host(counts)
 
 
 def mma_case(rng, kind: str):
@@ -76,8 +73,8 @@ def run_mma(backend, kind: str, A: np.ndarray, B: np.ndarray, C: np.ndarray) -> 
     """D = A @ B + C through the mma layer; kind 'f16' / 'bf16' (A, B 16x16) or 'tf32'
     (A 16x8, B 8x16).  C and D are 16x16 float32."""
     expr = {"f16": "gk_selftest_mma16<0>", "bf16": "gk_selftest_mma16<1>", "tf32": "gk_selftest_mma_tf32"}[kind]
-    args = [backend.device_array(np.ascontiguousarray(m, np.float32)) for m in (A, B, C)]
+    args = [backend.upload(np.ascontiguousarray(m, np.float32)) for m in (A, B, C)]
     D = backend.empty((16, 16), np.float32)
     fn = backend.function(SOURCE, expr)
     backend.launch(fn, (1,), (32,), (*args, D), 0, what=f"selftest mma {kind}")
-    return _to_host(backend, D)
+    return backend.to_host(D)

@@ -109,6 +109,11 @@ def test_host_arrays_are_refused_where_cupy_refuses_them(x):
     y[cupy.array([0, 1]), 0] = np.array([7, 8], np.float32)  # advanced indexing copies it
     assert y.get()[:, 0].tolist() == [7, 8]
     assert type(cupy.asarray(host)) is cupy.ndarray
+    with pytest.raises(TypeError, match="incorrect type"):
+        cupy.ascontiguousarray(host)  # a typed (device array) argument in CuPy
+    with pytest.raises(TypeError, match="incorrect type"):
+        cupy.asfortranarray(host)
+    assert type(cupy.ascontiguousarray(x.T)) is cupy.ndarray
     assert cupy.asarray([cupy.array(1), cupy.array(2)]).get().tolist() == [1, 2]
     with pytest.raises(TypeError):
         cupy.asarray([cupy.array(1), 2])
@@ -214,6 +219,38 @@ def test_gpukernels_sees_a_simulated_gpu_without_cuda_kernels():
     assert namespace("cuda") is cupy
     assert is_cupy_array(cupy.zeros(1))
     assert accelerated.get("Conv") is None
+
+
+def test_cupy_backend_refuses_host_arrays_and_selftests_upload_theirs():
+    # CupyBackend.device_array is cupy.ascontiguousarray: the selftests used to hand it
+    # host arrays, which real CuPy refuses; they now upload them first
+    from gpukernels.gpu import selftest
+    from gpukernels.gpu.launch import CupyBackend
+    from gpukernels.xp import Device
+
+    be = CupyBackend(Device("cuda"))
+    host = np.ones(8, np.float32)
+    with pytest.raises(TypeError, match="host"):
+        be.device_array(host)
+    d = be.upload(host)
+    assert type(d) is cupy.ndarray and be.device_array(d) is d
+    assert type(be.to_host(d)) is np.ndarray
+    launched = []
+
+    def launch(fn, grid, block, args, shared_mem=0, what=""):
+        for a in args:
+            assert not isinstance(a, np.ndarray), f"{what}: a host array reached the kernel"
+        launched.append(what)
+
+    be.function = lambda source, expr, options=(): expr  # RawModule is not simulated
+    be.launch = launch
+    rng = np.random.default_rng(0)
+    selftest.run_warp(be, rng.standard_normal(64).astype(np.float32))
+    selftest.run_block(be, rng.standard_normal(200).astype(np.float32))
+    for kind in ("f16", "bf16", "tf32"):
+        A, B, C, _ = selftest.mma_case(rng, kind)
+        selftest.run_mma(be, kind, A, B, C)
+    assert len(launched) == 5
 
 
 SCATTER_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",

@@ -76,7 +76,7 @@ def _emulated(emu, opset, requested, splits):
 
     def cuda_path(**arguments):
         wants = tuple(kernel.wants_output(i) for i in range(4))
-        result = gpu_attention.run(emu, wants=wants, splits=splits, **arguments)
+        result = emulator.run_op(gpu_attention.run, emu, wants=wants, splits=splits, **arguments)
         kernel.cuda_calls.append(result)
         return result
 
@@ -301,10 +301,10 @@ def test_host_validation(emu, rng):
     q, k, v, pk, pv = make(rng, "float32", B=1, Hq=2, Hkv=1, Sq=3, Skv=5, D=8, P=4)
     base = dict(Q=Tensor(q), K=Tensor(k), V=Tensor(v), q_num_heads=2, kv_num_heads=1, scale=0.3)
     with pytest.raises(CudaKernelError, match="inconsistent shapes"):
-        gpu_attention.run(emu, **{**base, "V": Tensor(v[:, :, :4])})
+        emulator.run_op(gpu_attention.run, emu, **{**base, "V": Tensor(v[:, :, :4])})
     with pytest.raises(CudaKernelError, match="past_key"):
-        gpu_attention.run(emu, **base, past_key=Tensor(pk[..., :6]), past_value=Tensor(pv))
+        emulator.run_op(gpu_attention.run, emu, **base, past_key=Tensor(pk[..., :6]), past_value=Tensor(pv))
     with pytest.raises(CudaKernelError, match="does not broadcast"):
-        gpu_attention.run(emu, **base, attn_mask=Tensor(np.zeros((3, 3, 5), np.float32)))
+        emulator.run_op(gpu_attention.run, emu, **base, attn_mask=Tensor(np.zeros((3, 3, 5), np.float32)))
     with pytest.raises(CudaKernelError, match="exceeds the total kv length"):
-        gpu_attention.run(emu, **base, attn_mask=Tensor(np.zeros((3, 6), np.float32)))
+        emulator.run_op(gpu_attention.run, emu, **base, attn_mask=Tensor(np.zeros((3, 6), np.float32)))

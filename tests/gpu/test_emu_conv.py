@@ -32,7 +32,7 @@ def emulated(emu):
     kernel.cuda_calls = []
 
     def cuda_path(**arguments):
-        result = gpu_conv.run(emu, **arguments)
+        result = emulator.run_op(gpu_conv.run, emu, **arguments)
         kernel.cuda_calls.append(result)
         return result
 
@@ -178,8 +178,8 @@ def test_host_validation(emu, rng):
     w = Tensor(rng.standard_normal((6, 2, 3, 3)).astype(np.float32))
     args = dict(strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1])
     with pytest.raises(CudaKernelError, match="channels"):
-        gpu_conv.run(emu, X=x, W=w, group=1, **args)
+        emulator.run_op(gpu_conv.run, emu, X=x, W=w, group=1, **args)
     with pytest.raises(CudaKernelError, match="B must have shape"):
-        gpu_conv.run(emu, X=x, W=w, B=Tensor(np.zeros(5, np.float32)), group=2, **args)
+        emulator.run_op(gpu_conv.run, emu, X=x, W=w, B=Tensor(np.zeros(5, np.float32)), group=2, **args)
     with pytest.raises(CudaKernelError, match="bad strides"):
-        gpu_conv.run(emu, X=x, W=w, group=2, strides=[1], pads=[0, 0, 0, 0], dilations=[1, 1])
+        emulator.run_op(gpu_conv.run, emu, X=x, W=w, group=2, strides=[1], pads=[0, 0, 0, 0], dilations=[1, 1])

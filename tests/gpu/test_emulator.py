@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import emulator
 from gpukernels.errors import CudaKernelError
 from gpukernels.gpu import selftest
 
@@ -64,7 +65,7 @@ def test_mma_layer(emu, rng, kind):
 def test_out_of_bounds_access_is_an_error(emu):
     # gk_selftest_warp reads x[i] for i < n: claiming n larger than the buffer must fault
     # (guard page) and come back as a CudaKernelError naming the buffer, not crash.
-    x = emu.device_array(np.ones(2048, np.float32), label="x")
+    x = emu.upload(np.ones(2048, np.float32), label="x")
     out = emu.empty((4096 * 2, 8), np.float32, label="out")
     fn = emu.function("selftest.cu", "gk_selftest_warp")
     with pytest.raises(CudaKernelError, match="buffer 'x'|memory fault"):
@@ -72,7 +73,7 @@ def test_out_of_bounds_access_is_an_error(emu):
 
 
 def test_argument_types_are_checked(emu):
-    x = emu.device_array(np.ones(64, np.float32))
+    x = emu.upload(np.ones(64, np.float32))
     out = emu.empty((64, 8), np.float32)
     fn = emu.function("selftest.cu", "gk_selftest_warp")
     with pytest.raises(CudaKernelError, match="int64"):
@@ -81,3 +82,63 @@ def test_argument_types_are_checked(emu):
         emu.launch(fn, (1,), (64,), (x, out, 64), 0)
     with pytest.raises(CudaKernelError, match="block"):
         emu.launch(fn, (1,), (2048,), (x, out, np.int32(64)), 0)
+
+
+def test_host_arrays_are_refused_where_cupy_refuses_them(emu):
+    # device_array is cupy.ascontiguousarray: a host array is a TypeError there (the
+    # selftests used to pass host arrays; real CuPy refused them, the emulator did not)
+    host = np.ones(64, np.float32)
+    with pytest.raises(TypeError, match="host"):
+        emu.device_array(host)
+    x = emu.upload(host)
+    assert emulator.is_device_array(x) and emu.device_array(x) is x
+    out = emu.empty((64, 8), np.float32)
+    fn = emu.function("selftest.cu", "gk_selftest_warp")
+    with pytest.raises(CudaKernelError, match="host numpy.ndarray"):
+        emu.launch(fn, (1,), (64,), (host, out, np.int32(64)), 0)
+    with pytest.raises(TypeError, match="Unsupported type"):
+        x + host
+    with pytest.raises(TypeError, match="Unsupported type"):
+        np.concatenate([x, host])
+    with pytest.raises(ValueError, match="non-scalar numpy.ndarray"):
+        x[...] = host
+    assert emulator.is_device_array(x * 2 + 1) and emulator.is_device_array(x[1:].reshape(9, 7))
+    x[...] = 3.0  # scalars are fine
+    np.testing.assert_array_equal(emu.to_host(x), np.full(64, 3.0, np.float32))
+    with pytest.raises(TypeError):
+        emu.to_host(host)
+
+
+def test_upload_keeps_a_views_misalignment_and_strides(emu, rng):
+    buf = rng.standard_normal(40).astype(np.float32)
+    for view in (buf[1:33], buf[3:35].reshape(4, 8), buf[1:33].reshape(4, 8)[:, ::2], buf[::-3]):
+        d = emulator.upload(view)
+        assert emu.pointer(d) % 256 == view.ctypes.data % 256
+        assert d.strides == view.strides
+        np.testing.assert_array_equal(emu.to_host(d), view)
+        c = emu.device_array(d)  # cupy.ascontiguousarray: contiguous views are kept as they are
+        assert c.flags.c_contiguous
+        if view.flags.c_contiguous:
+            assert emu.pointer(c) == emu.pointer(d)
+        np.testing.assert_array_equal(emu.to_host(c), view)
+
+
+def test_misaligned_vector_access_is_an_error(emu, rng):
+    # the kernels are built with -fsanitize=alignment (trap mode): a 2-float access through a
+    # pointer one float off alignment faults, as on a GPU ("misaligned address")
+    if not any(f in emulator.CXXFLAGS for f in emulator.ALIGNMENT_FLAGS):
+        pytest.skip("GK_EMU_ALIGNMENT=0")
+    buf = np.zeros(2 * 8 + 1, np.float32)
+    x = emulator.upload(buf[1:].reshape(2, 8))
+    assert emu.pointer(x) % 8 == 4
+    cos = emu.upload(np.ones((2, 1, 4), np.float32))
+    sin = emu.upload(np.zeros((2, 1, 4), np.float32))
+    y = emu.empty((2, 8), np.float32)
+    fn = emu.function("rotary_embedding.cu", "gk_rotary<float, 2, false, false>")
+    args = (x, cos, sin, None, y, np.int64(2), np.int32(8), np.int32(8), np.int32(1), np.int32(1), np.int32(1),
+            np.int64(2))
+    with pytest.raises(CudaKernelError, match="misaligned address"):
+        emu.launch(fn, (1,), (2, 2), args, 0, what="misaligned")
+    fn1 = emu.function("rotary_embedding.cu", "gk_rotary<float, 1, false, false>")
+    emu.launch(fn1, (1,), (4, 2), args, 0, what="scalar accesses")  # width 1: fine
+    np.testing.assert_array_equal(emu.to_host(y), np.zeros((2, 8), np.float32))

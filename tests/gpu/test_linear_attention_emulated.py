@@ -132,6 +132,22 @@ def _check_chunked(emu, case, rule, Hq, Hkv, dtype, tags, scale=0.0):
     assert parity.compare(got[1].numpy(), want_state, got[1].data_type, r, r, what="state vs float64") is None
 
 
+@pytest.mark.parametrize("mode", ["chunked", "recurrent"])
+@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
+@pytest.mark.parametrize("past", [True, False])
+def test_la_empty_sequence_every_mode_and_rule(emu, rng, mode, rule, past):
+    # T = 0: no kernel runs; present_state must be past_state (or zeros).  The chunked path
+    # used to return its uninitialised (poisoned) state buffer; the gated rules' array path
+    # raised on a reshape
+    case = make_case(rng, "float16", rule, T=0, past=past, per_key=True)
+    attrs = dict(update_rule=rule, q_num_heads=4, kv_num_heads=2)
+    got, _ = check_op(LinearAttention, emu, case, attrs, tags=("T=0", mode, rule),
+                      options={"linear_attention_mode": mode})
+    want = case[3] if past else np.zeros((2, 2, 8, 12), np.float16)
+    np.testing.assert_array_equal(got[1].numpy(), want)
+    assert got[0].shape == (2, 0, 4 * 12)
+
+
 @pytest.mark.parametrize("rule,per_key", [("linear", False), ("delta", False), ("gated", False), ("gated", True),
                                            ("gated_delta", False), ("gated_delta", True)])
 def test_la_chunked_rules(emu, rng, rule, per_key):

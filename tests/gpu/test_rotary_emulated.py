@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import emulator
 from emu_harness import check_op, emulated
 from gpukernels.dtypes import DataType
 from gpukernels.gpu import parity
@@ -87,14 +88,6 @@ def test_rotary_emulated_vector_widths(emu, rng, D, rd, dtype, interleaved):
              tags=("vector widths", f"D={D} rd={rd or D}", dtype))
 
 
-def test_rotary_emulated_misaligned_input_uses_scalar_path(emu, rng):
-    x, cos, sin, pos = make_case(rng, 4, "float32", 0, 0, True, B=1, S=2, H=2, D=16)
-    buf = np.empty(x.size + 1, np.float32)
-    xm = buf[1:].reshape(x.shape)  # 4-byte aligned only
-    xm[...] = x
-    check_op(RotaryEmbedding, emu, (xm, cos, sin, pos), dict(), tags=("misaligned X",))
-
-
 def test_rotary_emulated_empty(emu, rng):
     x, cos, sin, pos = make_case(rng, 4, "float32", 0, 0, True, B=2, S=0, H=2, D=8)
     pos = np.zeros((2, 0), np.int64)
@@ -107,7 +100,7 @@ def test_rotary_kernel_bad_position_is_memory_safe(emu, rng):
     x, cos, sin, pos = make_case(rng, 4, "float32", 0, 0, True, B=1, S=3, H=2, D=8, max_pos=4)
     pos[0, 1] = 1000
     pos[0, 2] = -5
-    out = gpu_rotary.run(emu, X=Tensor(x), cos_cache=Tensor(cos), sin_cache=Tensor(sin),
+    out = emulator.run_op(gpu_rotary.run, emu, X=Tensor(x), cos_cache=Tensor(cos), sin_cache=Tensor(sin),
                          position_ids=Tensor(pos), interleaved=0, num_heads=2, rotary_embedding_dim=8)
     y = out.numpy()
     assert np.isnan(y[0, :, 1:, :]).all()
@@ -123,18 +116,56 @@ def test_rotary_class_rejects_out_of_range_positions_before_launch(emu, rng):
     assert not k.cuda_calls
 
 
+def _launched_since(before: dict) -> set:
+    return {e for (src, e), n in emulator.LAUNCHES.items() if n != before.get((src, e), 0)}
+
+
 @pytest.mark.parametrize("expr", gpu_rotary.expressions())
 def test_rotary_every_instantiation_runs(emu, rng, expr):
-    # half = 3 * VEC pairs: VEC divides it, 2 * VEC does not, so exactly this width is chosen
-    ctype, vec, inter, pos = [p.strip() for p in expr[expr.index("<") + 1:-1].split(",")]
-    vec, inter, with_pos = int(vec), inter == "true", pos == "true"
+    # head sizes for which exactly this access width W is the widest that qualifies:
+    # halves D = 6W (rd/2 = 3W); interleaved D = 3W (rd/2 = 3W/2 pairs of W/2), and for
+    # W = 1 an odd head size (D = 7, rd = 6) that rules out 2-element accesses
+    ctype, width, inter, pos = [p.strip() for p in expr[expr.index("<") + 1:-1].split(",")]
+    width, inter, with_pos = int(width), inter == "true", pos == "true"
     dtype = {"float": "float32", "__half": "float16", "__nv_bfloat16": "bfloat16"}[ctype]
-    D = 6 * vec
-    x, cos, sin, p = make_case(rng, 3, dtype, int(inter), 0, with_pos, B=2, S=3, H=2, D=D)
+    D, rd = (6 * width, 0) if not inter else ((3 * width, 0) if width > 1 else (7, 6))
+    x, cos, sin, p = make_case(rng, 3, dtype, int(inter), rd, with_pos, B=2, S=3, H=2, D=D)
     k = emulated(RotaryEmbedding, emu)
-    before = dict(__import__("emulator").LAUNCHES)
-    got = k(x, cos, sin, p, interleaved=int(inter), num_heads=2)
-    launched = {e for (src, e), n in __import__("emulator").LAUNCHES.items() if n != before.get((src, e), 0)}
-    assert launched == {expr}
-    want = reference(x, cos, sin, p, int(inter), 2, 0)
+    before = dict(emulator.LAUNCHES)
+    got = k(x, cos, sin, p, interleaved=int(inter), num_heads=2, rotary_embedding_dim=rd)
+    assert _launched_since(before) == {expr}
+    want = reference(x, cos, sin, p, int(inter), 2, rd)
     assert parity.compare(got.numpy(), want, got.data_type) is None
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("shape,rd", [((1, 1, 1, 3), 2), ((1, 2, 3, 5), 2), ((2, 1, 2, 9), 4), ((1, 2, 2, 7), 6)])
+def test_rotary_odd_head_size_writes_every_feature(emu, rng, shape, rd, interleaved):
+    # odd head sizes: no 2-element access fits; the last pass-through feature of each head
+    # used to stay unwritten (interleaved: copy units of 2 elements), and 2-element loads
+    # were misaligned from the second row on
+    B, H, S, D = shape
+    x, cos, sin, pos = make_case(rng, 4, "float32", interleaved, rd, True, B=B, S=S, H=H, D=D)
+    got, _ = check_op(RotaryEmbedding, emu, (x, cos, sin, pos), dict(interleaved=interleaved, rotary_embedding_dim=rd),
+                      tags=("odd head size", "interleaved" if interleaved else "halves"))
+    want = reference(x, cos, sin, pos, interleaved, H, rd)
+    assert parity.compare(got[0].numpy(), want, got[0].data_type, what="vs float64 reference") is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_rotary_view_one_element_off_alignment(emu, rng, dtype, interleaved):
+    # X a view one element into a larger buffer (as CuPy views are): the device copy keeps
+    # the offset, so every vector access wider than one element would be misaligned (the
+    # emulator's alignment check turns that into an error, as the GPU faults)
+    x, cos, sin, pos = make_case(rng, 4, dtype, interleaved, 0, True, B=1, S=3, H=2, D=16)
+    buf = np.empty(x.size + 1, x.dtype)
+    xm = buf[1:].reshape(x.shape)
+    xm[...] = x
+    before = dict(emulator.LAUNCHES)
+    got, _ = check_op(RotaryEmbedding, emu, (xm, cos, sin, pos), dict(interleaved=interleaved),
+                      tags=("misaligned X view", dtype))
+    launched = _launched_since(before)
+    assert len(launched) == 1 and ", 1, " in next(iter(launched)), launched
+    want = reference(x, cos, sin, pos, interleaved, 2, 0)
+    assert parity.compare(got[0].numpy(), want, got[0].data_type, what="vs float64 reference") is None

@@ -19,6 +19,9 @@
 //   * atomics (GCC __atomic builtins: correct across OS threads), threadIdx, blockIdx,
 //     blockDim, gridDim, warpSize, __half/__nv_bfloat16 (+ 2-vectors) with round-to-
 //     nearest-even conversions, vector types, the usual math intrinsics.
+//   * faults: an access outside a buffer (guard pages: SIGSEGV) and, with the driver's
+//     default -fsanitize=alignment (trap mode), an access through a misaligned pointer
+//     (SIGILL) end the launch with an error instead of crashing or passing by luck.
 //
 // Not modelled: memory ordering races between threads of a block inside one barrier
 // interval (fibers run one at a time, so a missing __syncthreads may go unnoticed when
@@ -485,12 +488,17 @@ inline LaunchResult launch(dim3 grid, dim3 block, size_t smem, const std::functi
     } else {
       next.store(nblocks);
       w.failed = true;
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "memory fault (signal %d) at address %p in block (%u,%u,%u)", sig,
-                    tl_fault_addr, b.bid.x, b.bid.y, b.bid.z);
+      char buf[300];
+      if (sig == SIGILL)  // the alignment check's trap (-fsanitize=alignment, trap mode)
+        std::snprintf(buf, sizeof buf, "misaligned address: a load or store through a pointer not aligned to "
+                      "its type (alignment check trapped at %p) in block (%u,%u,%u)", tl_fault_addr, b.bid.x,
+                      b.bid.y, b.bid.z);
+      else
+        std::snprintf(buf, sizeof buf, "memory fault (signal %d) at address %p in block (%u,%u,%u)", sig,
+                      tl_fault_addr, b.bid.x, b.bid.y, b.bid.z);
       w.error = buf;
       std::lock_guard<std::mutex> g(mu);
-      if (result.status == 0) result.fault_addr = tl_fault_addr;
+      if (result.status == 0 && sig != SIGILL) result.fault_addr = tl_fault_addr;
     }
     tl_fault_jb = nullptr;
     sigaltstack(&old_ss, nullptr);
@@ -505,12 +513,13 @@ inline LaunchResult launch(dim3 grid, dim3 block, size_t smem, const std::functi
     }
   };
 
-  struct sigaction sa{}, old_segv{}, old_bus{};
+  struct sigaction sa{}, old_segv{}, old_bus{}, old_ill{};
   sa.sa_sigaction = fault_handler;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGSEGV, &sa, &old_segv);
   sigaction(SIGBUS, &sa, &old_bus);
+  sigaction(SIGILL, &sa, &old_ill);
   try {
     if (nworkers == 1) {
       work();
@@ -524,6 +533,7 @@ inline LaunchResult launch(dim3 grid, dim3 block, size_t smem, const std::functi
   }
   sigaction(SIGSEGV, &old_segv, nullptr);
   sigaction(SIGBUS, &old_bus, nullptr);
+  sigaction(SIGILL, &old_ill, nullptr);
   return result;
 }
 

@@ -7,11 +7,28 @@ ctypes, launch kernels with numpy buffers.
     be.launch(fn, grid, block, args, shared_mem)          # the CupyBackend interface
 
 ``EmuBackend`` offers the interface of ``gpukernels.gpu.launch.CupyBackend`` (xp=numpy,
-function, empty, device_array, pointer, launch, sm_count, max_shared_optin, ...), so an
-operator's launch code runs unchanged.  Buffers from ``empty``/``device_array`` sit just
-below a PROT_NONE guard page (and above another one): an out-of-bounds access faults and is
-reported as a CudaKernelError naming the buffer; writes into the <256-byte slack after the
-end are caught by a canary check after the launch.
+function, empty, device_array, upload, to_host, pointer, launch, sm_count,
+max_shared_optin, ...), so an operator's launch code runs unchanged.  Buffers from
+``empty``/``device_array``/``upload`` sit just below a PROT_NONE guard page (and above
+another one): an out-of-bounds access faults and is reported as a CudaKernelError naming
+the buffer; writes into the <256-byte slack after the end are caught by a canary check
+after the launch.
+
+Device memory vs host memory, as CuPy sees it: emulated device arrays are ``DeviceArray``
+(a NumPy subclass); a plain ``numpy.ndarray`` is a *host* array.  Where real CuPy refuses a
+host array the emulator refuses it too: ``device_array`` (``cupy.ascontiguousarray``), a
+kernel argument, a ufunc or NumPy function mixing device and host arrays (``Unsupported
+type``), ``device[...] = host``.  Host data reaches the device through ``upload``
+(``cupy.asarray``), which keeps the host array's address modulo 256 and its strides: a view
+one element off alignment stays one element off alignment on the device, as a CuPy view into
+a larger buffer would be.  (``numpy.asarray(device_array)`` gives a plain, i.e. host, array
+here, where ``cupy.asarray`` would keep it on the device: launch code uses the device
+array's own methods, ``.astype``/``.reshape``, instead.)
+
+Alignment checking: kernels are compiled with ``-fsanitize=alignment`` in trap mode (g++
+UBSan, ``GK_EMU_ALIGNMENT=0`` turns it off), so a load or store through a misaligned
+pointer (a ``Vec<T, N>`` access, a ``float4``...) stops the launch with a CudaKernelError
+("misaligned address"), as it faults on a GPU, instead of working by luck on x86.
 
 Builds are cached under tools/cuda_emu/build/<hash>/ (hash of the sources, this header,
 the instantiations and the compiler flags).  One build per (source, set of instantiations):
@@ -48,6 +65,11 @@ BUILD_DIR = Path(os.environ.get("GK_EMU_BUILD_DIR", HERE / "build"))
 CXX = os.environ.get("CXX", "g++")
 CXXFLAGS = ["-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-pthread", "-U_FORTIFY_SOURCE",
             "-fno-strict-aliasing", "-fno-stack-protector", "-w"]
+# UBSan's alignment check in trap mode (no runtime library; the trap is a SIGILL the
+# launcher turns into an error): a misaligned vector access faults here as on a GPU
+ALIGNMENT_FLAGS = ["-fsanitize=alignment", "-fsanitize-undefined-trap-on-error"]
+if os.environ.get("GK_EMU_ALIGNMENT", "1") != "0":
+    CXXFLAGS += ALIGNMENT_FLAGS
 PAGE = mmap.PAGESIZE
 
 # extern __shared__ [__align__(n)] T name[];  ->  T* name = (T*)::gk_emu::dynamic_shared();
@@ -198,13 +220,77 @@ class _Guarded:
         return ctypes.string_at(self.start + self.nbytes, self.slack) == b"\xa5" * self.slack
 
 
-def guarded_empty(shape, dtype, label: str = "buffer") -> np.ndarray:
-    """An uninitialised-looking (poisoned) C-contiguous array between guard pages."""
+class DeviceArray(np.ndarray):
+    """An array in emulated device memory (what a cupy.ndarray is on a GPU).
+
+    Views and results of NumPy operations on device arrays stay device arrays.  Like CuPy,
+    a ufunc or NumPy function refuses to mix them with host arrays (plain numpy.ndarray or
+    lists), and ``device[...] = host_array`` is refused."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out")
+        outs = out if isinstance(out, tuple) else (() if out is None else (out,))
+        _refuse_host(inputs + outs, f"{ufunc.__name__}.{method}" if method != "__call__" else ufunc.__name__)
+        args = [x.view(np.ndarray) if isinstance(x, DeviceArray) else x for x in inputs]
+        if outs:
+            kwargs["out"] = tuple(o.view(np.ndarray) if isinstance(o, DeviceArray) else o for o in outs)
+        result = getattr(ufunc, method)(*args, **kwargs)
+        if outs:
+            return out if not isinstance(out, tuple) or len(out) > 1 else out[0]
+        return _as_device(result)
+
+    def __array_function__(self, func, types, args, kwargs):
+        _refuse_host(_flatten(args) + _flatten(tuple(kwargs.values())), getattr(func, "__name__", "function"))
+        return super().__array_function__(func, types, args, kwargs)
+
+    def __setitem__(self, key, value):
+        if type(value) is np.ndarray and value.ndim > 0:
+            # cupy: a[basic] = host_array goes through ndarray.fill, which takes scalars only
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill (emulated CuPy: a host array "
+                             "assigned into a device array)")
+        super().__setitem__(key, value)
+
+
+def _flatten(items) -> tuple:
+    out = []
+    for x in items:
+        if isinstance(x, (list, tuple)):
+            out.extend(_flatten(x))
+        else:
+            out.append(x)
+    return tuple(out)
+
+
+def _refuse_host(items, what: str) -> None:
+    if not any(isinstance(x, DeviceArray) for x in items):
+        return
+    for x in items:
+        if type(x) is np.ndarray or isinstance(x, list):
+            raise TypeError(f"Unsupported type {type(x)} (emulated CuPy: {what} mixes a device array with a "
+                            "host array; CuPy does not move host data implicitly)")
+
+
+def _as_device(x):
+    if type(x) is np.ndarray:
+        return x.view(DeviceArray)
+    if isinstance(x, tuple):
+        return tuple(_as_device(i) for i in x)
+    return x
+
+
+def is_device_array(a) -> bool:
+    return isinstance(a, DeviceArray)
+
+
+def guarded_empty(shape, dtype, label: str = "buffer", offset: int = 0) -> DeviceArray:
+    """An uninitialised-looking (poisoned) C-contiguous device array between guard pages,
+    its data starting `offset` (0..255) bytes past a 256-byte boundary."""
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
+    offset = int(offset) % 256
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     nbytes = n * dtype.itemsize
-    body = max(PAGE, -(-(nbytes + 256) // PAGE) * PAGE)
+    body = max(PAGE, -(-(nbytes + 512) // PAGE) * PAGE)
     mapping = mmap.mmap(-1, body + 2 * PAGE)
     holder = ctypes.c_char.from_buffer(mapping)
     base = ctypes.addressof(holder)
@@ -212,7 +298,7 @@ def guarded_empty(shape, dtype, label: str = "buffer") -> np.ndarray:
     _libc.mprotect(base, PAGE, 0)
     _libc.mprotect(base + PAGE + body, PAGE, 0)
     end = base + PAGE + body
-    start = (end - nbytes) // 256 * 256
+    start = (end - nbytes - offset) // 256 * 256 + offset
     slack = end - (start + nbytes)
     ctypes.memset(start + nbytes, 0xA5, slack)
     # poison the data: NaN for floats, 0xA5.. for integers
@@ -220,7 +306,29 @@ def guarded_empty(shape, dtype, label: str = "buffer") -> np.ndarray:
     _buffers[start] = _Guarded(start, nbytes, slack, label)
     weakref.finalize(mapping, _buffers.pop, start, None)
     arr = np.frombuffer(mapping, dtype=np.uint8, count=nbytes, offset=start - base)
-    return arr.view(dtype).reshape(shape)
+    return arr.view(dtype).reshape(shape).view(DeviceArray)
+
+
+def upload(array, label: str = "input") -> DeviceArray:
+    """A host array copied to emulated device memory with its layout kept: same strides,
+    same address modulo 256 (a misaligned host view gives a device view misaligned the
+    same way).  Device arrays are returned as they are (cupy.asarray)."""
+    if isinstance(array, DeviceArray):
+        return array
+    a = np.asarray(array)
+    if a.size == 0 or a.ndim == 0:
+        out = guarded_empty(a.shape, a.dtype, label, a.ctypes.data % 256)
+        out.view(np.ndarray)[...] = a
+        return out
+    lo = sum(min(0, (n - 1) * st) for n, st in zip(a.shape, a.strides))
+    hi = sum(max(0, (n - 1) * st) for n, st in zip(a.shape, a.strides)) + a.itemsize
+    first = a.ctypes.data + lo  # the lowest byte the view touches
+    raw = guarded_empty((hi - lo,), np.uint8, label, first % 256).view(np.ndarray)
+    if a.dtype.kind in "fcV" or "float" in a.dtype.name:
+        raw[...] = 0xFF  # bytes between strided elements: poisoned as empty() poisons floats
+    dev = np.ndarray(a.shape, dtype=a.dtype, buffer=raw, offset=-lo, strides=a.strides)
+    dev[...] = a
+    return dev.view(DeviceArray)
 
 
 def _live_buffers() -> list:
@@ -319,12 +427,29 @@ class EmuBackend:
         return guarded_empty(shape, dtype, label)
 
     def device_array(self, array, label: str = "input"):
-        array = np.asarray(array)
-        if _guard_of(array) is not None and array.flags.c_contiguous:
+        """array (a device array) as a C-contiguous device array: itself when it already is
+        one in emulator memory -- misaligned views included, as cupy.ascontiguousarray
+        returns them -- else a copy.  A host array is refused as CuPy refuses it."""
+        if not isinstance(array, DeviceArray):
+            raise TypeError(f"device_array got a host {type(array).__module__}.{type(array).__name__}: "
+                            "cupy.ascontiguousarray refuses host arrays (Argument 'a' has incorrect type); "
+                            "copy host data with backend.upload")
+        if array.flags.c_contiguous and (_guard_of(array) is not None or array.size == 0):
             return array
         out = guarded_empty(array.shape, array.dtype, label)
-        out[...] = array
+        out.view(np.ndarray)[...] = array.view(np.ndarray)
         return out
+
+    def upload(self, array, label: str = "input"):
+        """Host data copied to the device (cupy.asarray), as a C-contiguous device array."""
+        return self.device_array(upload(array, label), label)
+
+    @staticmethod
+    def to_host(array) -> np.ndarray:
+        """A host copy of a device array (cupy.asnumpy)."""
+        if not isinstance(array, DeviceArray):
+            raise TypeError(f"to_host expects a device array, got {type(array).__name__}")
+        return np.array(array.view(np.ndarray))
 
     @staticmethod
     def pointer(array) -> int:
@@ -338,7 +463,11 @@ class EmuBackend:
             raise CudaKernelError(f"{what}: {fn.expr} takes {len(sig)} parameters, got {len(args)}")
         keep, ptrs, guards = [], [], []
         for i, (a, code) in enumerate(zip(args, sig)):
-            if isinstance(a, np.ndarray) and a.ndim >= 0 and code == "p8":
+            if isinstance(a, np.ndarray) and code == "p8":
+                if not isinstance(a, DeviceArray):
+                    raise CudaKernelError(f"{what}: argument {i} of {fn.expr} is a host numpy.ndarray (CuPy: "
+                                          "Unsupported type); pass device arrays (backend.empty / "
+                                          "device_array / upload)")
                 if not a.flags.c_contiguous:
                     raise CudaKernelError(f"{what}: argument {i} of {fn.expr} is not C-contiguous")
                 g = _guard_of(a)
@@ -376,3 +505,40 @@ class EmuBackend:
                 if not g.canary_ok():
                     raise CudaKernelError(f"{what}: {fn.expr} wrote past the end of buffer {g.label!r} "
                                           f"({g.nbytes} bytes)")
+
+
+# ------------------------------------------------------------------ operator calls
+
+
+def on_device(value, label: str = "input"):
+    """A kernel class's argument as its CUDA path receives it on a GPU: a Tensor's array
+    copied to emulated device memory (``upload``: strides and misalignment kept); other
+    values unchanged."""
+    from gpukernels.tensor import Tensor
+
+    if isinstance(value, Tensor) and not value.is_absent and isinstance(value.array, np.ndarray) \
+            and not isinstance(value.array, DeviceArray):
+        return Tensor.wrap(upload(value.array, label), value.data_type)
+    return value
+
+
+def on_host(result):
+    """A CUDA path's result (a Tensor, a named tuple of them, None) with every device
+    array copied back to a host array."""
+    from gpukernels.tensor import Tensor
+
+    if isinstance(result, Tensor):
+        if isinstance(result.array, DeviceArray):
+            return Tensor.wrap(np.array(result.array.view(np.ndarray)), result.data_type)
+        return result
+    if isinstance(result, tuple):
+        items = [on_host(r) for r in result]
+        return type(result)(*items) if hasattr(result, "_fields") else tuple(items)
+    return result
+
+
+def run_op(run, backend, **arguments):
+    """``run(backend, **arguments)`` (an operator module's launch function) the way a GPU
+    sees it: Tensor arguments uploaded to device memory first, device results copied back."""
+    on_dev = {k: on_device(v, k) for k, v in arguments.items()}
+    return on_host(run(backend, **on_dev))

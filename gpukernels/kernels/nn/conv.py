@@ -49,7 +49,7 @@ def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
     O = list(out_shape)
     P = sp.prod(O)
     dtype = x.dtype
-    if N == 0 or M == 0 or P == 0:
+    if N == 0 or M == 0 or P == 0 or C == 0:  # C == 0: an empty sum, the output is the bias
         y = xp.zeros((N, M, *O), dtype=dtype)
     elif group == C and w.shape[1] == 1 and group > 1:
         if xp is np and n_sp == 2:

@@ -154,7 +154,8 @@ class LinearAttention(KernelBase):
         g = None
         if not dc.is_absent:
             d = self.to_compute(dc, f32)
-            g = d.reshape(B, T, Hkv, -1).transpose(0, 2, 1, 3)  # (B, Hkv, T, dk|1)
+            width = d.shape[2] // Hkv  # dk or 1 (explicit: -1 is ambiguous when B or T is 0)
+            g = d.reshape(B, T, Hkv, width).transpose(0, 2, 1, 3)  # (B, Hkv, T, dk|1)
         be = None
         if not bt.is_absent:
             b_ = self.to_compute(bt, f32)

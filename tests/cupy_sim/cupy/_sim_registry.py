@@ -18,9 +18,9 @@ _UFUNCS: dict[str, _sim.ufunc] = {}
 _FUNCTIONS: dict[tuple[str, str], object] = {}  # (module, name) -> simulated function
 
 # Functions of real CuPy that take host arrays (they copy to the device themselves).
-_TAKES_HOST = {"array", "asarray", "asanyarray", "ascontiguousarray", "asfortranarray",
-               "asnumpy", "get_array_module", "result_type", "can_cast", "isscalar",
-               "shape", "ndim", "size", "min_scalar_type", "copyto", "isdtype"}
+# (ascontiguousarray / asfortranarray do not: their argument is a typed device array.)
+_TAKES_HOST = {"array", "asarray", "asanyarray", "asnumpy", "get_array_module", "result_type", "can_cast",
+               "isscalar", "shape", "ndim", "size", "min_scalar_type", "copyto", "isdtype"}
 
 # NumPy names for CuPy names NumPy 2 no longer has
 _ALIASES = {"float_": np.float64, "complex_": np.complex128, "cfloat": np.complex128,
@@ -128,12 +128,25 @@ def _asanyarray(a, dtype=None, order=None, *, blocking=False):
     return _asarray(a, dtype, order)
 
 
+def _device_only(name, a):
+    # CuPy: cpdef _ndarray_base ascontiguousarray(_ndarray_base a, dtype=*) -- a typed
+    # Cython argument, so anything but a device array is a TypeError (no host copy)
+    if type(a) is not ndarray:
+        raise TypeError(f"Argument 'a' has incorrect type (expected cupy._core.core._ndarray_base, got "
+                        f"{type(a).__name__}) (simulated CuPy: cupy.{name} takes device arrays only; "
+                        "use cupy.asarray for host data)")
+
+
 def _ascontiguousarray(a, dtype=None):
+    _device_only("ascontiguousarray", a)
+    if a._a.flags.c_contiguous and (dtype is None or np.dtype(dtype) == a.dtype):
+        return a  # CuPy returns the array itself when no copy is needed
     r = _asarray(a, dtype)
     return r if r._a.flags.c_contiguous else _new(np.ascontiguousarray(r._a))
 
 
 def _asfortranarray(a, dtype=None):
+    _device_only("asfortranarray", a)
     r = _asarray(a, dtype)
     return _new(np.asfortranarray(r._a))
 

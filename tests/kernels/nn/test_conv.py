@@ -185,6 +185,20 @@ def test_conv_empty_batch(device, rng):
     assert y.shape == (0, 3, 3, 3)
 
 
+@pytest.mark.parametrize("xs,ws,group", [((2, 0, 5, 5), (3, 0, 3, 3), 1), ((1, 0, 6), (4, 0, 2), 1),
+                                         ((1, 0, 3, 4, 4), (2, 0, 1, 2, 2), 1), ((1, 0, 4, 4), (4, 0, 1, 1), 2)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_zero_input_channels(device, rng, xs, ws, group, bias):
+    # an empty reduction: the output is the bias (or zeros); used to divide by zero
+    b = rnd(rng, (ws[0],)) if bias else None
+    y = Conv(KernelContext(device))(np.zeros(xs, np.float32), np.zeros(ws, np.float32), b, group=group).numpy()
+    out_sp = tuple(s - k + 1 for s, k in zip(xs[2:], ws[2:]))
+    want = np.zeros((xs[0], ws[0]) + out_sp, np.float32)
+    if bias:
+        want += b.reshape((1, -1) + (1,) * len(out_sp))
+    np.testing.assert_array_equal(y, want)
+
+
 def test_conv_kernel_shape_attribute(device, rng):
     x, w = rnd(rng, (1, 1, 5, 5)), rnd(rng, (1, 1, 3, 3))
     k = Conv(KernelContext(device))

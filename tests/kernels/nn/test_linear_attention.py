@@ -153,6 +153,20 @@ def test_empty_sequence(device, rng):
     np.testing.assert_array_equal(res.present_state.numpy(), ps)
 
 
+@pytest.mark.parametrize("rule", ["gated", "gated_delta"])
+@pytest.mark.parametrize("per_key", [True, False])
+@pytest.mark.parametrize("B,T", [(0, 3), (2, 0)])
+@pytest.mark.parametrize("mode", ["recurrent", "chunked"])
+@pytest.mark.parametrize("past", [True, False])
+def test_gated_rules_with_empty_batch_or_sequence(device, rng, rule, per_key, B, T, mode, past):
+    # the decay reshape used -1, which is ambiguous when B or T is 0 (ValueError)
+    q, k, v, ps, decay, beta = make(rng, B, T, 2, 1, 4, 3, rule, per_key=per_key, past=past)
+    res = kernel(device, mode)(q, k, v, ps, decay, beta, update_rule=rule, q_num_heads=2, kv_num_heads=1)
+    assert res.output.shape == (B, T, 2 * 3)
+    want = ps if past else np.zeros((B, 1, 4, 3), np.float32)
+    np.testing.assert_array_equal(res.present_state.numpy(), want)
+
+
 def test_inputs_not_modified(device, rng):
     q, k, v, ps, decay, beta = make(rng, 1, 30, 2, 2, 4, 4, "gated_delta")
     copies = [a.copy() for a in (q, k, v, ps, decay, beta)]
