@@ -12,6 +12,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import dtypes, errors
+from . import runtime  # noqa: F401 -- installs the SubgraphRunner that kernels run subgraphs with
 from .dtypes import DataType
 from .kernels.base import KernelBase, KernelContext
 from .tensor import Optional, Sequence, Tensor
@@ -26,3 +27,11 @@ def profile(*args, **kwargs):
     from .profiling import profile as _profile
 
     return _profile(*args, **kwargs)
+
+
+def evaluate(*args, **kwargs):
+    """Run a model over a dataset on Dask (see gpukernels.evaluation.evaluate; needs the
+    'dist' extra)."""
+    from .evaluation import evaluate as _evaluate
+
+    return _evaluate(*args, **kwargs)

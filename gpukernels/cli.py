@@ -4,7 +4,7 @@
                              [--seed N] [--dim name=value] [--dump DIR] [--json]
     gpukernels info [--json]
     gpukernels conformance [--device D] [--filter RE] [--json]
-    gpukernels parity ... / gpukernels profile ...   (see --help of each)
+    gpukernels parity ... / gpukernels profile ... / gpukernels eval ...   (see --help of each)
 
 MODEL defaults to the small model bundled with the package.  Every command ends a failure
 with one line on stderr, ``gpukernels COMMAND: error: MESSAGE`` (unprintable characters
@@ -254,7 +254,15 @@ def cmd_parity(args) -> int:
     from .xp import Device, cuda_status
 
     model = _model_arg(args)
-    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    if args.devices is None:
+        from .parity import default_devices
+
+        devices, why = default_devices()
+        print(f"gpukernels parity: devices: {why}" +
+              ("" if len(devices) > 1 or args.against or args.load else
+               "; one side only, nothing to compare: add --against onnxruntime|reference") , file=sys.stderr)
+    else:
+        devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     for d in devices:
         try:
             dev = Device.parse(d)
@@ -306,6 +314,61 @@ def cmd_conformance(args) -> int:
     return run(args)
 
 
+def cmd_eval(args) -> int:
+    import logging
+
+    from .evaluation import EvalArgumentError, MissingExtraError, evaluate
+
+    model = _model_arg(args)
+    # the cluster's own log lines (a worker restarting, say) would bury the result
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    try:
+        result = evaluate(model, args.data, args.output, device=args.device, batch=args.batch,
+                          workers=args.workers, scheduler=args.scheduler, against=args.against,
+                          resume=args.resume, rtol=args.rtol, atol=args.atol, report=args.report,
+                          threads=args.threads)
+    except (EvalArgumentError, MissingExtraError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1, default=str))
+        return EXIT_OK if result.passed else EXIT_FAILED
+    print(format_eval(result))
+    return EXIT_OK if result.passed else EXIT_FAILED
+
+
+def format_eval(result) -> str:
+    """The text summary of an eval run (names from the model escaped)."""
+    r = result
+    lines = [f"model:   {safe_name(r.model)}",
+             f"data:    {safe_name(r.data)} ({r.data_format}, {r.samples} samples)",
+             f"device:  {r.device} on {safe_name(r.scheduler)}",
+             f"batches: {r.batches} of {r.batch} samples: {r.batches_run} run, {r.batches_skipped} already written"]
+    for w in r.workers:
+        lines.append(f"  worker {safe_name(w['address'])} ({safe_name(w['host'])}): {w['batches']} batches, "
+                     f"{w.get('nthreads')} task thread(s) x {w['threads']} host thread(s)")
+    if r.output:
+        lines.append(f"output:  {safe_name(r.output)} ({r.output_format})")
+    lines.append(f"time:    {r.seconds:.2f} s in all, {r.run_seconds:.2f} s running: "
+                 f"{r.samples_per_second:.1f} samples/s")
+    p = r.parity
+    if p is not None:
+        lines.append(f"parity:  {p.device} against {p.against} (rtol {p.rtol:g}, atol {p.atol:g}), "
+                     "per-sample largest errors")
+        lines.append(f"  {'output':30} {'max abs':>10} {'p99 abs':>10} {'max rel':>10} {'p99 rel':>10}  outside")
+        for o in p.outputs:
+            lines.append(f"  {safe_name(o.name, 30):30} {o.max_abs:10.3g} {o.p99_abs:10.3g} {o.max_rel:10.3g} "
+                         f"{o.p99_rel:10.3g}  {o.outside}/{o.samples} ({o.outside_share * 100:.2f}%)")
+            worst = ", ".join(f"{w['sample']} ({w['max_abs']:.3g})" for w in o.worst[:5] if w["max_abs"] > 0)
+            if worst:
+                lines.append(f"    worst samples: {worst}")
+        if p.report:
+            lines.append(f"report:  {safe_name(p.report)} (histogram {safe_name(p.histogram)})")
+        lines.append("PASSED" if p.passed else "FAILED")
+    for note in r.notes:
+        lines.append(f"note:    {safe_name(note)}")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------- parsing
 
 
@@ -354,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "every output (--all-nodes: every intermediate) with the first device, and name "
                                "the first node whose outputs diverge while its inputs agree.")
     q.add_argument("model", nargs="?", help="model.onnx (default: the bundled model)")
-    q.add_argument("--devices", default="cpu,cuda", help="comma-separated gpukernels devices (default cpu,cuda)")
+    q.add_argument("--devices", help="comma-separated gpukernels devices (default: cpu, and cuda:0 when a "
+                                     "GPU is usable; the devices used are named on stderr)")
     q.add_argument("--against", choices=["onnxruntime", "reference"], help="also run this runtime")
     q.add_argument("--inputs", help="npz with the inputs (default: seeded random)")
     q.add_argument("--seed", type=int, default=0)
@@ -379,6 +443,35 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--top", type=int, default=15)
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=cmd_profile)
+
+    v = _subparser(sub, "eval", help="run a model over a dataset on Dask (a local cluster by default) and "
+                                     "optionally compare it with another runtime per sample",
+                   description="Run MODEL over every sample of --data (a folder of .npz files, a folder of .npy "
+                               "files, one per input, or a Zarr group) on a Dask cluster, write the outputs "
+                               "(--output: a folder of .npz files, or a Zarr group when the path ends in .zarr) "
+                               "and with --against compare every sample. Needs the 'dist' extra: "
+                               "pip install 'gpukernels[dist]'.")
+    v.add_argument("model", nargs="?", help="model.onnx (default: the bundled model)")
+    v.add_argument("--data", required=True, metavar="PATH", help="npz folder, npy folder or Zarr group")
+    v.add_argument("--output", metavar="PATH", help="npz folder, or Zarr group (PATH ending in .zarr)")
+    v.add_argument("--device", default="auto", help="auto (default: cuda when usable here), cpu, cuda or cuda:N")
+    v.add_argument("--batch", type=int, metavar="N", help="samples per task and per written batch "
+                                                          "(default: about 4 MiB of input, at most 256)")
+    v.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: one per core, "
+                                                            "or one per GPU)")
+    v.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler, e.g. tcp://host:8786 "
+                                                          "(default: start a local cluster)")
+    v.add_argument("--against", choices=["onnxruntime", "reference", "cpu", "cuda"],
+                   help="also run this runtime or device and compare every sample")
+    v.add_argument("--rtol", type=float, default=1e-4)
+    v.add_argument("--atol", type=float, default=1e-5)
+    v.add_argument("--report", metavar="PATH.md", help="the parity report (default with --output: "
+                                                        "OUTPUT-parity.md; the PNG histogram goes beside it)")
+    v.add_argument("--resume", action="store_true", help="skip the batches --output already holds")
+    v.add_argument("--threads", type=int, metavar="N", help="host threads per task (default: cores / task "
+                                                            "threads of the workers on each machine)")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_eval)
     return p
 
 

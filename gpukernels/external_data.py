@@ -15,13 +15,12 @@ import os
 
 from onnx import TensorProto
 
+from . import dtypes
 from .errors import ModelError
 
 
 def declared_nbytes(proto: TensorProto) -> int:
     """The bytes the tensor's dims and element type call for (sub-byte types packed)."""
-    from . import dtypes
-
     count = 1
     for d in proto.dims:
         if d < 0:

@@ -299,6 +299,17 @@ def _short(v):
     return type(v).__name__
 
 
+def default_devices() -> tuple[list, str]:
+    """(devices, why) for a parity run given no devices: cpu, and cuda:0 when a GPU is
+    usable here (a machine without one compares nothing across devices: add --against)."""
+    from .xp import cuda_status
+
+    status = cuda_status()
+    if status.available:
+        return ["cpu", "cuda:0"], "cpu and cuda:0 (a usable GPU was found)"
+    return ["cpu"], f"cpu only: CUDA unavailable ({status.reason})"
+
+
 def compare(model, sides: list | None = None, devices=("cpu",), against=None, inputs: dict | None = None,
             seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5, all_nodes: bool = False,
             save: str | None = None, load: str | None = None, dims: dict | None = None) -> ParityReport:

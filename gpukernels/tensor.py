@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
+from onnx import TensorProto, numpy_helper
 
 from . import dtypes
 from .dtypes import DataType
-from .errors import DeviceError, KernelTypeError
+from .errors import DeviceError, KernelTypeError, ModelError
+from .external_data import is_external, read_external
 from .xp import CPU, Device, device_of, is_cupy_array, namespace, to_device, to_host
 
 _ABSENT = object()
@@ -57,7 +59,7 @@ class Tensor:
 
     @classmethod
     def from_proto(cls, proto, base_dir: str | None = None) -> "Tensor":
-        return cls(dtypes.array_from_proto(proto, base_dir), proto.data_type)
+        return cls(array_from_proto(proto, base_dir), proto.data_type)
 
     @classmethod
     def from_dlpack(cls, producer, data_type=None) -> "Tensor":
@@ -133,7 +135,7 @@ class Tensor:
         return Tensor.wrap(self.numpy(), self.data_type)
 
     def to_proto(self, name: str = ""):
-        return dtypes.array_to_proto(self.numpy(), name)
+        return array_to_proto(self.numpy(), name)
 
     def __dlpack__(self, *args, **kwargs):
         self._check_present("__dlpack__")
@@ -287,3 +289,33 @@ def to_host_value(value):
     if isinstance(value, list):
         return [to_host_value(v) for v in value]
     return value
+
+
+# ---------------------------------------------------------------- TensorProto
+
+
+def array_from_proto(proto: TensorProto, base_dir: str | None = None) -> np.ndarray:
+    """Decode a TensorProto to a host array of the exact dtype.
+
+    Packed sub-byte types (int4, uint4, int2, uint2, float4e2m1) are unpacked low bits
+    first, as the ONNX spec lays them out.  External data is read from inside base_dir
+    only, and refused when base_dir is None (see gpukernels.external_data).  Data that
+    does not decode is a ModelError naming the tensor.
+    """
+    if is_external(proto):
+        proto = read_external(proto, base_dir)
+    try:
+        return numpy_helper.to_array(proto)
+    except Exception as exc:  # noqa: BLE001 -- onnx/NumPy errors, re-raised with the tensor named
+        kind = TensorProto.DataType.Name(proto.data_type) \
+            if proto.data_type in TensorProto.DataType.values() else f"unknown type {proto.data_type}"
+        raise ModelError(f"tensor {proto.name!r} ({kind}, dims {list(proto.dims)}) cannot be "
+                         f"decoded: {type(exc).__name__}: {exc}") from exc
+
+
+def array_to_proto(array: np.ndarray, name: str = "") -> TensorProto:
+    """Encode a host array as a TensorProto, packing sub-byte types."""
+    arr = np.asarray(array)
+    if arr.dtype.kind in ("U", "S"):
+        arr = arr.astype(object)
+    return numpy_helper.from_array(arr, name)

@@ -168,6 +168,62 @@ def synchronize(device: "Device | str") -> None:
 # instead of branching on the namespace themselves.
 
 
+def in_namespace(xp, array):
+    """array in namespace xp: a host copy (or the array itself) for NumPy, a device copy
+    (or the array itself) for CuPy."""
+    if xp is np:
+        return to_host(array)
+    return xp.asarray(array)
+
+
+def assign_rows_last_wins(xp, target, rows, values) -> None:
+    """In place: target[rows] = values for a 2-D target (R, S), rows (M,), values (M, S);
+    for repeated rows the one that comes last wins, on NumPy and CuPy alike."""
+    if xp is np:
+        target[rows] = values  # NumPy assigns in order: the last one wins
+        return
+    if rows.size == 0:
+        return
+    import cupyx
+
+    # CUDA has no 64-bit signed atomicMax: rank the updates 1..M as uint64 (0 = none)
+    order = xp.arange(1, rows.size + 1, dtype=xp.uint64)
+    winner = xp.zeros(target.shape[0], dtype=xp.uint64)
+    cupyx.scatter_max(winner, rows, order)
+    keep = winner[rows] == order
+    target[rows[keep]] = values[keep]
+
+
+class RandomDraws:
+    """Uniform [0, 1) and standard normal draws from one seeded generator in namespace xp
+    (None: seeded from the OS): NumPy's PCG64 Generator, CuPy's RandomState.  The two
+    draw different streams."""
+
+    def __init__(self, xp, seed):
+        self.xp = xp
+        if xp is np:
+            self.gen = np.random.Generator(np.random.PCG64(seed))
+        else:
+            self.gen = xp.random.RandomState(seed if seed is not None else
+                                             int(np.random.SeedSequence().generate_state(1, np.uint64)[0]))
+
+    def uniform(self, shape, dtype):
+        if self.xp is np:
+            return self.gen.random(shape, dtype=dtype)
+        return self.gen.random_sample(shape, dtype=dtype)
+
+    def normal(self, shape, dtype):
+        return self.gen.standard_normal(shape, dtype=dtype)
+
+
+def stable_argsort(xp, a, axis: int = -1):
+    """argsort with ties in index order (NumPy needs kind='stable'; CuPy's argsort is
+    always stable and older versions take no kind)."""
+    if xp is np:
+        return np.argsort(a, axis=axis, kind="stable")
+    return xp.argsort(a, axis=axis)
+
+
 def scatter_reduce(xp, target, indices, values, reduction: str) -> None:
     """In place: target[indices] (op)= values, with repeated indices all applied.
 
@@ -295,6 +351,38 @@ def host_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+_BLAS_LIMITS = None  # the threadpoolctl limiter set_cpu_threads installed (restores on None)
+
+
+def set_cpu_threads(n: "int | None") -> "int | None":
+    """Use at most n threads on the host for everything gpukernels runs in this process:
+    its own host threads (host_threads(), through GPUKERNELS_CPU_THREADS) and the
+    BLAS/OpenMP thread pools of the loaded libraries (through threadpoolctl, when it is
+    installed).  None goes back to the defaults.  Returns n.
+
+    One process with several threads or several processes with one thread each: the
+    product must not exceed the cores, or every run slows down (``gpukernels eval`` sets
+    this in each worker so that workers x threads fit the machine)."""
+    global _BLAS_LIMITS
+    if n is not None:
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"set_cpu_threads: n must be at least 1, got {n}")
+    if _BLAS_LIMITS is not None:
+        _BLAS_LIMITS.restore_original_limits()
+        _BLAS_LIMITS = None
+    if n is None:
+        os.environ.pop("GPUKERNELS_CPU_THREADS", None)
+        return None
+    os.environ["GPUKERNELS_CPU_THREADS"] = str(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: without it only gpukernels' own threads are limited
+        return n
+    _BLAS_LIMITS = threadpool_limits(limits=n)
+    return n
+
+
 def parallel_ranges(n: int, min_items: int, fn) -> None:
     """Run fn(start, stop) over [0, n), split into one contiguous range per thread when
     every range gets at least min_items items (otherwise in the calling thread).  The
@@ -402,6 +490,15 @@ def host_empty(shape, dtype, min_bytes: int | None = None) -> np.ndarray:
     """An uninitialised host array for a kernel's output or scratch; arrays of min_bytes
     or more (default 4 MB) reuse idle memory of the pool."""
     return _HOST_OUTPUTS.empty(shape, dtype, min_bytes)
+
+
+def pooled_empty(xp, shape, dtype, min_bytes: int | None = None):
+    """An uninitialised array in namespace xp for a kernel's output or scratch: on the
+    host from the reusable pool (host_empty; min_bytes as there), on a GPU from CuPy's
+    memory pool."""
+    if xp is np:
+        return host_empty(shape, dtype, min_bytes)
+    return xp.empty(shape, dtype=dtype)
 
 
 def host_blocks(n: int, step: int, fn, threads: int | None = None) -> None:

@@ -38,6 +38,14 @@ def rng():
     return np.random.default_rng(12345)
 
 
+@pytest.fixture
+def default_paths(monkeypatch):
+    """The default paths ('auto') even when the suite runs with GPUKERNELS_PATHS=reference:
+    for tests of the specialisations themselves (host fast paths), used as
+    ``pytestmark = pytest.mark.usefixtures("default_paths")``."""
+    monkeypatch.delenv("GPUKERNELS_PATHS", raising=False)
+
+
 def pytest_collection_modifyitems(config, items):
     """Under the CuPy simulation, tests that need the hand-written CUDA kernels to run
     (gpu-marked tests in tests/gpu/) are skipped: the simulation runs the array path only."""

@@ -5,6 +5,7 @@ import pytest
 
 from gpukernels import dtypes
 from gpukernels.dtypes import DataType
+from gpukernels.tensor import array_from_proto, array_to_proto
 
 
 def test_every_onnx_type_is_mapped():
@@ -41,10 +42,10 @@ def test_packed_round_trip(dt, rng):
     if info.kind != "float":
         lo = -(2 ** (info.bits - 1)) if info.kind == "int" else 0
         arr = (codes.astype(np.int64) % (2 ** info.bits) + lo).astype(info.numpy)
-    proto = dtypes.array_to_proto(arr)
+    proto = array_to_proto(arr)
     # packed: 7 elements of <=4 bits take at most 4 bytes
     assert len(proto.raw_data) <= 4 or len(proto.int32_data) <= 7
-    back = dtypes.array_from_proto(proto)
+    back = array_from_proto(proto)
     assert back.dtype == arr.dtype
     np.testing.assert_array_equal(back.view(np.uint8) if info.kind == "float" else back.astype(np.int64),
                                   arr.view(np.uint8) if info.kind == "float" else arr.astype(np.int64))
@@ -52,5 +53,5 @@ def test_packed_round_trip(dt, rng):
 
 def test_string_round_trip():
     arr = np.array(["a", "bé", ""], dtype=object)
-    back = dtypes.array_from_proto(dtypes.array_to_proto(arr))
+    back = array_from_proto(array_to_proto(arr))
     assert [x.decode() if isinstance(x, bytes) else x for x in back] == ["a", "bé", ""]

@@ -5,24 +5,8 @@ ONNX domain first, then the others)."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from ._loader import load_all
 from .base import KernelBase, KernelContext, has_kernel, lookup, register, registered
-
-_loaded = False
-
-
-def load_all() -> None:
-    """Import every kernel module (idempotent)."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for mod in pkgutil.walk_packages(__path__, prefix=__name__ + "."):
-        if mod.name.rsplit(".", 1)[-1].startswith("_") or mod.name.endswith(".base"):
-            continue
-        importlib.import_module(mod.name)
 
 
 def kernel_class(op_type: str, domain: str | None = None) -> type:

@@ -1,5 +1,6 @@
 """What If, Loop and Scan share: the control-flow kernel base, body runners (general and
-compiled, see runtime.body), scan-output columns and body-signature helpers."""
+compiled through the runtime's SubgraphRunner, see kernels.subgraphs), scan-output columns
+and body-signature helpers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..tensor import Optional, Sequence, Tensor
 from ..xp import is_cupy_array
 from .base import describe
 from .sequence import SequenceKernelBase, check_schema_value, declared_kind, prepare_body
+from .subgraphs import runner, signature
 
 _UNSET = object()
 
@@ -244,17 +246,18 @@ class _Body:
     """A Loop/Scan body run in the kernel's outer scope, its outputs checked.
 
     A general iteration whose input signature (element types, shapes) is new is
-    recorded and the body compiled for that signature (runtime BodyProgram), so later
-    iterations with it run on arrays without per-node Tensor checks.  A program that an
-    iteration leaves (a shape inside the body changed) is dropped, so the next
-    iteration recompiles.  Bodies whose inputs or outputs are not all tensors always
-    run the general way."""
+    recorded and the body compiled for that signature (SubgraphRunner.record and
+    .compile: the runtime's BodyProgram), so later iterations with it run on arrays
+    without per-node Tensor checks.  A program that an iteration leaves (a shape
+    inside the body changed) is dropped, so the next iteration recompiles.  Bodies
+    whose inputs or outputs are not all tensors always run the general way."""
 
     MAX_COMPILES = 8  # per call: a state growing each iteration would otherwise compile
     #                   every iteration
 
     def __init__(self, kernel, graph, schema):
         self.plan = prepare_body(kernel, graph)
+        self.runner = runner()
         self.parent = kernel.outer_scope
         self.checker = kernel.output_checker(graph, "body", schema=schema)
         self.declared = self.checker.declared
@@ -264,8 +267,6 @@ class _Body:
 
     @staticmethod
     def key(values):
-        from ..runtime.body import signature
-
         sigs = tuple(signature(v) for v in values)
         return None if None in sigs else sigs
 
@@ -284,12 +285,10 @@ class _Body:
             outs = self.plan.run(values, parent=self.parent)
             self.checker(outs)
             return outs
-        from ..runtime.body import BodyProgram, record_run
-
-        outs, records = record_run(self.plan, values, self.parent)
+        outs, records = self.runner.record(self.plan, values, self.parent)
         self.checker(outs)
         self.compiles += 1
-        self.programs[key] = BodyProgram.compile(self.plan, self.parent, values, outs, records)
+        self.programs[key] = self.runner.compile(self.plan, self.parent, values, outs, records)
         return outs
 
     def left(self, prog, outs) -> None:

@@ -23,6 +23,9 @@ from ..dtypes import DataType
 from ..errors import KernelInputError, KernelTypeError, OptionError, UnsupportedOperatorError
 from ..tensor import Optional, Sequence, Tensor
 from ..xp import Device, is_cupy_array, namespace
+from ._loader import load_all as _load_all
+from .specialize import find as _find_specialization
+from .subgraphs import runner as _subgraph_runner
 
 LATEST_OPSET = {
     "": onnx.defs.onnx_opset_version(),
@@ -49,6 +52,9 @@ OPTIONS = {
                              "algorithm on the GPU",
     "linear_attention_segment_bytes": "int: LinearAttention segment size (tuning)",
     "kernel_overrides": "{op_type: kernel class}: swap in another kernel class (testing)",
+    "paths": "'auto' (default) | 'reference': use the registered specialisations (host fast "
+             "paths, CUDA kernels) where they apply / pin every kernel to its reference "
+             "implementation (also GPUKERNELS_PATHS; see gpukernels.kernels.specialize)",
 }
 
 
@@ -81,6 +87,7 @@ class KernelContext:
     def __post_init__(self):
         self.device = Device.parse(self.device)
         check_options(self.options)
+        self.paths  # validated now: a bad option or GPUKERNELS_PATHS fails here
         if self.opset is None:
             self.opset = {}
         elif isinstance(self.opset, int):
@@ -91,6 +98,18 @@ class KernelContext:
     @functools.cached_property
     def xp(self):
         return namespace(self.device)
+
+    @functools.cached_property
+    def paths(self) -> str:
+        """'auto' or 'reference': the option 'paths', else GPUKERNELS_PATHS, else 'auto'."""
+        from .specialize import resolve_paths
+
+        return resolve_paths(self.options)
+
+    @functools.cached_property
+    def device_kind(self) -> str:
+        """'cuda' or 'cpu': the device a specialisation is registered for."""
+        return "cuda" if self.device.is_cuda else "cpu"
 
     def opset_for(self, domain: str) -> int | None:
         """The opset version for domain, or None for 'newest'."""
@@ -159,9 +178,7 @@ def lookup(op_type: str, domain: str = "", opset: int | None = None) -> tuple[ty
 
 
 def _ensure_loaded() -> None:
-    from . import load_all
-
-    load_all()
+    _load_all()
 
 
 def has_kernel(op_type: str, domain: str = "") -> bool:
@@ -289,17 +306,24 @@ class KernelBase:
 
     def run_subgraph(self, graph, inputs: list, input_names=None) -> list:
         """Run an ONNX GraphProto (an If branch, a Loop/Scan body) with the given formal
-        inputs; it reads outer names from self.outer_scope.  Returns its outputs."""
-        from ..runtime import run_subgraph
+        inputs; it reads outer names from self.outer_scope.  Returns its outputs.
+        The runtime runs it, through the SubgraphRunner it installs (kernels.subgraphs)."""
+        return _subgraph_runner().run(graph, inputs, self.outer_scope, self.ctx)
 
-        return run_subgraph(graph, inputs, parent=self.outer_scope, ctx=self.ctx)
+    def specialized(self, site: str, *args):
+        """The registered specialisation of the reference step ``site`` for this kernel's
+        device whose condition holds for args, or None: then the reference step runs.
+        Always None when the context pins the reference path (option paths='reference',
+        GPUKERNELS_PATHS).  See gpukernels.kernels.specialize."""
+        ctx = self.ctx
+        return _find_specialization(site, ctx.device_kind, ctx.paths, args)
 
     def cuda_path(self, **arguments):
         """The result of this operator's hand-written CUDA kernel, or None.
 
-        None when not on a GPU, when the context option 'cuda_kernels' is 'never', or
-        when the CUDA kernel does not cover this case (then the caller runs its array
-        code on the GPU).  With 'cuda_kernels': 'always' an uncovered case raises.
+        None when not on a GPU, when the context option 'cuda_kernels' is 'never' or
+        'paths' is 'reference' (GPUKERNELS_PATHS), or when the CUDA kernel does not
+        cover this case (then the caller runs its array code on the GPU).  With 'cuda_kernels': 'always' an uncovered case raises.
         Kernels call it after validating inputs, passing normalised arguments
         (tensors and resolved attributes by their ONNX names).
         """
@@ -307,6 +331,11 @@ class KernelBase:
             return None
         mode = self.ctx.option("cuda_kernels", "auto")
         if mode == "never":
+            return None
+        if self.ctx.paths == "reference":  # the CUDA kernels are specialisations too
+            if mode == "always":
+                raise OptionError("options cuda_kernels='always' and paths='reference' contradict "
+                                  "each other (paths='reference' runs the array code only)")
             return None
         from ..gpu import accelerated
 

@@ -1,9 +1,9 @@
 """Control flow: If and Loop (Scan, which shares their body runners, is in scan.py).
 
 Subgraph attributes (branches, bodies) arrive as onnx GraphProtos.  A body is prepared
-once through the runtime (``prepare_subgraph``: kernels resolved, attributes bound) and
-run with its formal inputs bound positionally; outer-scope names resolve through
-``self.outer_scope``, which the runtime sets before each call.
+once through the runtime's SubgraphRunner (``kernels.subgraphs``: kernels resolved,
+attributes bound) and run with its formal inputs bound positionally; outer-scope names
+resolve through ``self.outer_scope``, which the runtime sets for each call.
 
 Every kernel also has a form that needs no graph:
 
@@ -14,8 +14,9 @@ Every kernel also has a form that needs no graph:
   from per-iteration values evaluated elsewhere.
 
 Loop and Scan bodies are compiled for their input signature after one general
-iteration (see ``runtime.body.BodyProgram``): later iterations run on arrays with
-pre-bound kernels; the context option ``compile_bodies=False`` turns this off.
+iteration (the runner's ``compile``: ``runtime.body.BodyProgram``): later iterations run
+on arrays with pre-bound kernels; the context option ``compile_bodies=False`` turns this
+off.
 
 Return values: the single output itself when the operator has exactly one output, a
 tuple otherwise.  Loop-carried values stay where the body leaves them (on the GPU in a

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..limits import check_allocation
 from .base import KernelBase, register
+from .specialize import specialize
 
 
 def _scalar(kernel, t, name, named):
@@ -355,42 +356,13 @@ class NonMaxSuppression(KernelBase):
         b = self.to_compute(bt, np.float32)
         sc = self.to_compute(st, np.float32).reshape(nb * nc, n)
         valid = sc > np.float32(score_thr) if score_thr is not None else None
-        if xp is np:
-            out = self._host(b, sc, valid, nc, cap, iou_thr, center_point_box)
-            if out is not None:
-                return self.result(out)
+        args = (self, b, sc, valid, nc, cap, iou_thr, center_point_box)
+        fast = self.specialized("NonMaxSuppression.select", *args)
+        if fast is not None:
+            return self.result(fast(*args))
         if valid is None:
             valid = xp.ones(sc.shape, bool)
         return self.result(self._blocks(b, sc, valid, nc, cap, iou_thr, center_point_box))
-
-    def _host(self, b, sc, valid, nc, cap, iou_thr, center):
-        """Host path: one (batch, class) pair at a time (see _host_pair), or None when
-        there are too many pairs with a valid box for a Python loop over them."""
-        n = sc.shape[1]
-        if valid is None:
-            live = range(sc.shape[0])
-        else:
-            live = np.flatnonzero(valid.any(axis=1)).tolist()
-        if len(live) > self.host_pairs:
-            return None
-        parts = []
-        for p in live:
-            bi, ci = divmod(p, nc)
-            v = None if valid is None else valid[p]
-            idx = _host_pair(b[bi], sc[p], v, n, cap, iou_thr, center)
-            if idx is None:  # too many overlapping candidates for the sweep's workspace
-                vv = np.ones((1, n), bool) if v is None else v[None]
-                rows = self._blocks(b[bi:bi + 1], sc[p:p + 1], vv, 1, cap, iou_thr, center)
-                idx = rows[:, 2]
-            if idx.size:
-                part = np.empty((idx.size, 3), np.int64)
-                part[:, 0] = bi
-                part[:, 1] = ci
-                part[:, 2] = idx
-                parts.append(part)
-        if not parts:
-            return np.zeros((0, 3), np.int64)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _blocks(self, b, sc, valid, nc, cap, iou_thr, center_point_box):
         """All (batch, class) pairs at once (the device path): candidates in blocks,
@@ -455,6 +427,37 @@ class NonMaxSuppression(KernelBase):
         pi, ki = xp.nonzero(sel_pos >= 0)
         box_idx = order[pi, sel_pos[pi, ki]]
         return xp.stack([pi // nc, pi % nc, box_idx], axis=1).astype(np.int64)
+
+
+def _live_pairs(sc, valid):
+    """The (batch * class) rows with a valid box."""
+    return range(sc.shape[0]) if valid is None else np.flatnonzero(valid.any(axis=1)).tolist()
+
+
+@specialize("NonMaxSuppression.select", device="cpu", ops=("NonMaxSuppression",),
+            when=lambda kernel, b, sc, valid, *rest: len(_live_pairs(sc, valid)) <= kernel.host_pairs)
+def _nms_host(kernel, b, sc, valid, nc, cap, iou_thr, center):
+    """Host path: one (batch, class) pair with a valid box at a time (see _host_pair), while
+    there are few enough of them for a Python loop (NonMaxSuppression.host_pairs)."""
+    n = sc.shape[1]
+    parts = []
+    for p in _live_pairs(sc, valid):
+        bi, ci = divmod(p, nc)
+        v = None if valid is None else valid[p]
+        idx = _host_pair(b[bi], sc[p], v, n, cap, iou_thr, center)
+        if idx is None:  # too many overlapping candidates for the sweep's workspace
+            vv = np.ones((1, n), bool) if v is None else v[None]
+            rows = kernel._blocks(b[bi:bi + 1], sc[p:p + 1], vv, 1, cap, iou_thr, center)
+            idx = rows[:, 2]
+        if idx.size:
+            part = np.empty((idx.size, 3), np.int64)
+            part[:, 0] = bi
+            part[:, 1] = ci
+            part[:, 2] = idx
+            parts.append(part)
+    if not parts:
+        return np.zeros((0, 3), np.int64)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 @register()

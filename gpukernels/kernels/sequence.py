@@ -27,6 +27,7 @@ from ..limits import (ELEMENT_OVERHEAD, check_allocation, check_bytes, held_byte
 from ..tensor import Optional, Sequence, Tensor
 from ..xp import is_cupy_array
 from .base import KernelBase, describe, register
+from .subgraphs import runner
 
 _INDEX_TYPES = (DataType.INT32, DataType.INT64)
 
@@ -687,9 +688,8 @@ def _elem_type_of(t):
 
 
 def prepare_body(kernel: KernelBase, graph):
-    """The runtime's prepared plan for a subgraph (resolved once per graph object)."""
+    """The runtime's prepared plan for a subgraph (resolved once per graph object and
+    context), through the installed SubgraphRunner."""
     if not isinstance(graph, onnx.GraphProto):
         raise kernel.type_error(f"a subgraph attribute must be an onnx GraphProto, got {type(graph).__name__}")
-    from ..runtime import prepare_subgraph
-
-    return prepare_subgraph(graph, kernel.ctx)
+    return runner().prepare(graph, kernel.ctx)

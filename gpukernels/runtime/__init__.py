@@ -1,15 +1,20 @@
-"""The graph runtime: Session, run_graph, run_node, run_subgraph, prepare_subgraph."""
+"""The graph runtime: Session, run_graph, run_node, run_subgraph, prepare_subgraph.
+
+Importing it installs ``RUNNER``, the SubgraphRunner through which kernels run their
+subgraphs (gpukernels.kernels.subgraphs: kernels never import the runtime)."""
 
 from __future__ import annotations
 
 import onnx
 
+from ..kernels import subgraphs
 from ..kernels.base import KernelContext
+from .body import BodyProgram, record_run
 from .graph import PreparedGraph, Scope, functions_of
 from .session import Session, load_model, opsets_of, to_runtime_value
 
 __all__ = ["Session", "Scope", "PreparedGraph", "RuntimeContext", "run_graph", "run_node",
-           "run_subgraph", "prepare_subgraph", "load_model", "graph_of"]
+           "run_subgraph", "prepare_subgraph", "load_model", "graph_of", "Runner", "RUNNER"]
 
 
 class RuntimeContext:
@@ -76,3 +81,28 @@ def run_subgraph(graph: onnx.GraphProto, inputs: list, parent: Scope | None = No
 def graph_of(scope: Scope):
     """The PreparedGraph a scope belongs to (its .graph is the GraphProto)."""
     return scope.graph if scope is not None else None
+
+
+class Runner(subgraphs.SubgraphRunner):
+    """The runtime's SubgraphRunner: PreparedGraph plans (prepare_subgraph), bodies
+    compiled into BodyPrograms (runtime.body)."""
+
+    def prepare(self, graph, ctx):
+        return prepare_subgraph(graph, ctx)
+
+    def run(self, graph, inputs, parent, ctx) -> list:
+        return run_subgraph(graph, inputs, parent, ctx)
+
+    def record(self, plan, inputs, parent):
+        return record_run(plan, inputs, parent)
+
+    def compile(self, plan, parent, inputs, outputs, records):
+        return BodyProgram.compile(plan, parent, inputs, outputs, records)
+
+    def graph_of(self, scope):
+        prepared = graph_of(scope)
+        return getattr(prepared, "graph", prepared)
+
+
+RUNNER = Runner()
+subgraphs.install(RUNNER)

@@ -7,7 +7,7 @@ import onnx
 from onnx import AttributeProto
 
 from ..errors import ModelError
-from ..tensor import Tensor
+from ..tensor import Tensor, array_from_proto
 
 A = AttributeProto
 
@@ -20,7 +20,6 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto, base_dir: str | None = None,
     default; see gpukernels.limits) before anything is allocated, and every index must
     lie inside dims (NumPy would otherwise wrap -1 to the last element).  Errors name
     the tensor: ModelError for a malformed one, ResourceLimitError for one too large."""
-    from .. import dtypes
     from ..limits import check_allocation
 
     name = sparse.values.name or "<unnamed>"
@@ -28,9 +27,9 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto, base_dir: str | None = None,
     dims = [int(d) for d in sparse.dims]
     if any(d < 0 for d in dims):
         raise ModelError(f"{label}: negative dimension in dims {dims}")
-    values = dtypes.array_from_proto(sparse.values, base_dir).reshape(-1)
+    values = array_from_proto(sparse.values, base_dir).reshape(-1)
     check_allocation(ctx, dims, values.dtype, f"the dense value of {label}")
-    indices = dtypes.array_from_proto(sparse.indices, base_dir)
+    indices = array_from_proto(sparse.indices, base_dir)
     if indices.dtype.kind not in "iu":
         raise ModelError(f"{label}: indices must be integers, got {indices.dtype}")
     indices = indices.astype(np.int64)
@@ -108,6 +107,15 @@ def _text(raw: bytes):
         return raw
 
 
+def _bound_value(attr: AttributeProto, base_dir, ctx, label: str):
+    """attribute_value, with a malformed tensor named by its node and attribute (a tensor
+    attribute's own name is usually empty)."""
+    try:
+        return attribute_value(attr, base_dir, ctx)
+    except ModelError as exc:
+        raise ModelError(f"{label}: attribute {attr.name!r}: {exc}") from exc
+
+
 def bind_attributes(node: onnx.NodeProto, schema, base_dir: str | None = None,
                     where: str = "", ctx=None) -> dict:
     """Keyword arguments for a kernel: the node's attributes, checked against the schema
@@ -129,7 +137,7 @@ def bind_attributes(node: onnx.NodeProto, schema, base_dir: str | None = None,
                 raise ModelError(f"{label}: attribute {attr.name!r} has type "
                                  f"{A.AttributeType.Name(attr.type)}, the schema wants "
                                  f"{A.AttributeType.Name(int(spec.type))}")
-        bound[attr.name] = attribute_value(attr, base_dir, ctx)
+        bound[attr.name] = _bound_value(attr, base_dir, ctx, label)
     for name, spec in declared.items():
         if name in bound:
             continue

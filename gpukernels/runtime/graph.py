@@ -22,7 +22,7 @@ from ..kernels import load_all
 from ..kernels.base import KernelContext, describe, has_kernel, lookup
 from ..tensor import Optional, Sequence, Tensor
 from .attributes import attribute_value, bind_attributes
-from .validation import check_arity, check_graph, escape
+from .validation import MAX_GRAPH_DEPTH, check_arity, check_graph, escape
 
 
 class Scope:
@@ -84,7 +84,58 @@ def functions_of(model: onnx.ModelProto) -> dict:
         opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in f.opset_import}
         out[(f.domain, f.name)] = FunctionDef(f.domain, f.name, list(f.input), list(f.output),
                                               defaults, list(f.node), opsets)
+    _check_calls(out)
     return out
+
+
+def _check_calls(functions: dict) -> None:
+    """Refuse model-local functions that call themselves, directly or through others,
+    and chains of calls deeper than MAX_GRAPH_DEPTH: each call prepares its callee's
+    body when it first runs, so either would only end in a RecursionError.  A node is a
+    call when it names a model-local function and no kernel (as in _prepare_node).
+    Explicit stacks: no recursion here either."""
+    if not functions:
+        return
+    load_all()
+    calls = {}
+    for key, f in functions.items():
+        callees, stack = set(), list(f.nodes)
+        while stack:
+            node = stack.pop()
+            callee = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+            if callee in functions and not has_kernel(callee[1], callee[0]):
+                callees.add(callee)
+            for attr in node.attribute:
+                for g in _graphs_of(attr):
+                    stack.extend(g.node)
+        calls[key] = sorted(callees)
+
+    def shown(key):
+        return f"{escape(key[0])}::{escape(key[1])}"
+
+    depth = {}  # key -> length of the longest call chain starting there
+    for root in sorted(calls):
+        if root in depth:
+            continue
+        path, on_path, pending = [root], {root}, [iter(calls[root])]
+        while pending:
+            callee = next(pending[-1], None)
+            if callee is None:
+                done = path.pop()
+                on_path.discard(done)
+                pending.pop()
+                depth[done] = 1 + max((depth[c] for c in calls[done]), default=0)
+                if depth[done] > MAX_GRAPH_DEPTH:
+                    raise ModelError(f"model-local function {shown(done)} starts a chain of calls "
+                                     f"{depth[done]} functions deep, more than {MAX_GRAPH_DEPTH}; refused")
+            elif callee in on_path:
+                cycle = path[path.index(callee):] + [callee]
+                raise ModelError(f"model-local function {shown(callee)} calls itself ("
+                                 f"{' -> '.join(shown(k) for k in cycle)}); recursive functions are refused")
+            elif callee not in depth:
+                path.append(callee)
+                on_path.add(callee)
+                pending.append(iter(calls[callee]))
 
 
 def subgraph_free_names(graph: onnx.GraphProto) -> set:

@@ -31,7 +31,8 @@ def load_model(model, base_dir: str | None = None) -> tuple[onnx.ModelProto, str
         try:
             proto.ParseFromString(bytes(model))
         except Exception as exc:  # noqa: BLE001 -- protobuf's DecodeError and friends
-            raise ModelError(f"the bytes given are not an ONNX model: {type(exc).__name__}: {exc}") from exc
+            raise ModelError(f"the bytes given are not an ONNX model: {type(exc).__name__}: {exc}"
+                             f"{_depth_hint(exc)}") from exc
     else:
         path = Path(model)
         if not path.is_file():
@@ -41,11 +42,18 @@ def load_model(model, base_dir: str | None = None) -> tuple[onnx.ModelProto, str
             proto.ParseFromString(path.read_bytes())
         except Exception as exc:  # noqa: BLE001
             raise ModelError(f"cannot parse {str(path)!r} as an ONNX model: "
-                             f"{type(exc).__name__}: {exc}") from exc
+                             f"{type(exc).__name__}: {exc}{_depth_hint(exc)}") from exc
         if base_dir is None:
             base_dir = str(path.parent)
     check_model(proto)
     return proto, base_dir
+
+
+def _depth_hint(exc) -> str:
+    if "MaxDepth" in str(exc) or "recursion" in str(exc).lower():
+        return (" (messages nested deeper than the protobuf parser allows, such as subgraphs "
+                "inside each other)")
+    return ""
 
 
 def opsets_of(model: onnx.ModelProto) -> dict:

@@ -193,7 +193,10 @@ def feed_checker(name: str, type_proto):
 
 
 def _declared(tt) -> str:
-    text = dtypes.describe(tt.elem_type) if tt.elem_type else "tensor"
+    try:
+        text = dtypes.describe(tt.elem_type) if tt.elem_type else "tensor"
+    except TypeError:  # an element type this onnx does not define (the model's word)
+        text = f"tensor of unknown element type {tt.elem_type}"
     if tt.HasField("shape"):
         dims = [str(d.dim_value) if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?")
                 for d in tt.shape.dim]

@@ -11,6 +11,9 @@ from gpukernels.kernels import detection
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.detection import NonMaxSuppression
 
+# these tests check the host specialisation itself
+pytestmark = pytest.mark.usefixtures("default_paths")
+
 F = np.float32
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from ... import dtypes
 from ...dtypes import DataType
 from ...limits import check_allocation
+from ...xp import RandomDraws
 from ..base import KernelBase, register
 
 _FLOATS_1 = (DataType.FLOAT16, DataType.FLOAT, DataType.DOUBLE)
@@ -41,24 +42,7 @@ def _seed_key(seed) -> int:
     return int(np.array(s, dtype=np.float64).view(np.uint64))
 
 
-class _Draws:
-    """Uniform [0, 1) and standard normal draws from one generator, on one device."""
-
-    def __init__(self, xp, seed):
-        self.xp = xp
-        if xp is np:
-            self.gen = np.random.Generator(np.random.PCG64(seed))
-        else:
-            self.gen = xp.random.RandomState(seed if seed is not None else
-                                             int(np.random.SeedSequence().generate_state(1, np.uint64)[0]))
-
-    def uniform(self, shape, dtype):
-        if self.xp is np:
-            return self.gen.random(shape, dtype=dtype)
-        return self.gen.random_sample(shape, dtype=dtype)
-
-    def normal(self, shape, dtype):
-        return self.gen.standard_normal(shape, dtype=dtype)
+_Draws = RandomDraws  # one seeded generator per device kind (gpukernels.xp)
 
 
 class _Random(KernelBase):

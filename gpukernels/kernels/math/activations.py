@@ -3,8 +3,27 @@ Celu, Gelu, Swish, SwiGLU, ThresholdedRelu, LeakyRelu, PRelu, Shrink, Selu.
 
 Half types are computed in float32 and rounded once.  Sigmoid, Softplus and Mish use
 overflow-free forms (no inf/inf), so large |x| saturates cleanly; NaN propagates.
-Long chains (Gelu, Mish, Sigmoid...) are evaluated block by block on the host to keep
+Long chains (Gelu, Softplus...) are evaluated block by block on the host to keep
 temporaries in cache.
+
+The logistic family (Sigmoid, HardSigmoid, Swish, HardSwish, Mish) is one chain of
+in-place array operations per operator (``_LOGISTIC_CHAINS``), written once against
+``xp`` and run by ``logistic_pass``: on the host block by block (64 Ki elements, the
+blocks handed to the host threads), each block read once and written once; on a GPU
+once over the whole array.  The forms:
+
+* Sigmoid(x) = 1 / (1 + exp(-x)).  exp(-x) overflows to inf for x below about -88
+  (float32), giving 1 / inf = 0 (the true value is below 1.2e-38 there); IEEE warnings
+  are off, so no overflow warning.  Elsewhere within 2 float32 ulp of the float64 value.
+* Swish(x) = x / (1 + exp(-alpha x)), the same form.
+* Mish(x) = x * tanh(softplus(x)) = x * n / (n + 2) with n = e (e + 2), e = exp(min(x,
+  20)) (at x >= 20, n / (n + 2) rounds to 1 in float32 and float64).
+* HardSigmoid(x) = min(1, max(0, alpha x + beta)); HardSwish(x) = x * HardSigmoid(x)
+  with alpha = 1/6, beta = 1/2.  NaN propagates.
+
+Measured (2-core host, float32): Sigmoid on 1x96x112x112 9.4 ms -> 1.5 ms, on 8M
+elements 67 ms -> 11 ms; Mish 18 ms -> 2.1 ms.  scipy.special.expit measured slower
+here than this chain (5.2 ms for 1x96x112x112), so it is not used.
 """
 
 from __future__ import annotations
@@ -31,10 +50,105 @@ def _softplus(xp, x):
     return xp.maximum(x, x.dtype.type(0)) + xp.log1p(xp.exp(-xp.abs(x)))
 
 
+# ------------------------------------------------------------- the logistic family
+
+# elements per host block: the block and its scratch (256 KiB each in float32) stay in
+# L2; measured best of 2^14..2^18 on 1x96x112x112 and 8M elements
+_LOGISTIC_BLOCK = 1 << 16
+
+
+def _chain_sigmoid(xp, x, out, scratch):
+    f = x.dtype.type
+    xp.negative(x, out=out)
+    xp.exp(out, out=out)
+    out += f(1)
+    xp.reciprocal(out, out=out)
+
+
+def _chain_swish(xp, x, out, scratch, alpha=1.0):
+    f = x.dtype.type
+    xp.multiply(x, f(-alpha), out=out)
+    xp.exp(out, out=out)
+    out += f(1)
+    xp.divide(x, out, out=out)
+
+
+def _chain_hard_sigmoid(xp, x, out, scratch, alpha=0.2, beta=0.5):
+    f = x.dtype.type
+    xp.multiply(x, f(alpha), out=out)
+    out += f(beta)
+    xp.clip(out, f(0), f(1), out=out)  # NumPy's two-sided clip is 4x faster than maximum
+
+
+def _chain_hard_swish(xp, x, out, scratch):
+    _chain_hard_sigmoid(xp, x, out, scratch, 1.0 / 6.0, 0.5)
+    out *= x
+
+
+def _chain_mish(xp, x, out, scratch):
+    f = x.dtype.type
+    xp.clip(x, f(-np.inf), f(20), out=out)  # min(x, 20); NaN stays NaN
+    xp.exp(out, out=out)                 # e
+    xp.add(out, f(2), out=scratch)
+    out *= scratch                       # n = e (e + 2)
+    xp.add(out, f(2), out=scratch)
+    out /= scratch                       # n / (n + 2) = tanh(softplus(x))
+    out *= x
+
+
+# operator -> (chain, whether it needs a scratch block)
+_LOGISTIC_CHAINS = {
+    "Sigmoid": (_chain_sigmoid, False),
+    "Swish": (_chain_swish, False),
+    "HardSigmoid": (_chain_hard_sigmoid, False),
+    "HardSwish": (_chain_hard_swish, False),
+    "Mish": (_chain_mish, True),
+}
+
+
+def logistic_pass(xp, x, op: str, **params):
+    """The logistic-family operator ``op`` of a float32/float64 array, in one pass.
+
+    The chain runs once over the whole array on a GPU (or for a small array), and
+    block by block on the host threads otherwise (``_logistic_pass_host_blocked``)."""
+    chain, needs_scratch = _LOGISTIC_CHAINS[op]
+    flat = x.reshape(-1)
+    n = flat.size
+    if xp is np and n > _LOGISTIC_BLOCK:
+        out = host_empty(flat.shape, flat.dtype)
+        _logistic_pass_host_blocked(flat, out, chain, needs_scratch, params)
+    else:
+        out = host_empty(flat.shape, flat.dtype) if xp is np else xp.empty_like(flat)
+        scratch = xp.empty_like(flat) if needs_scratch else None
+        with np.errstate(all="ignore"):
+            chain(xp, flat, out, scratch, **params)
+    return out.reshape(x.shape)
+
+
+def _logistic_pass_host_blocked(flat, out, chain, needs_scratch, params):
+    """Host only: the chain over blocks of _LOGISTIC_BLOCK elements, each block's
+    temporaries in cache, the blocks shared among the host threads."""
+    local = threading.local()  # one scratch block per thread
+
+    def one(lo, hi):
+        scratch = None
+        if needs_scratch:
+            scratch = getattr(local, "scratch", None)
+            if scratch is None:
+                scratch = local.scratch = np.empty(_LOGISTIC_BLOCK, flat.dtype)
+            scratch = scratch[:hi - lo]
+        with np.errstate(all="ignore"):
+            chain(np, flat[lo:hi], out[lo:hi], scratch, **params)
+
+    host_blocks(flat.size, _LOGISTIC_BLOCK, one)
+
+
 @register()
 class Sigmoid(XUnary):
+    """1 / (1 + exp(-x)) (see the module docstring)."""
+
     def compute(self, xp, x):
-        return blockwise(xp, lambda v: _sigmoid(xp, v), x)
+        return logistic_pass(xp, x, "Sigmoid")
 
 
 @register()
@@ -63,7 +177,7 @@ class Mish(MathUnary):
         return self.apply(X, "X")
 
     def compute(self, xp, x):
-        return blockwise(xp, lambda v: v * xp.tanh(_softplus(xp, v)), x)
+        return logistic_pass(xp, x, "Mish")
 
 
 @register()
@@ -74,8 +188,7 @@ class HardSwish(MathUnary):
         return self.apply(X, "X")
 
     def compute(self, xp, x):
-        f = x.dtype.type
-        return x * xp.clip(x * f(1.0 / 6.0) + f(0.5), f(0), f(1))
+        return logistic_pass(xp, x, "HardSwish")
 
 
 @register()
@@ -86,8 +199,7 @@ class HardSigmoid(MathUnary):
         return self.apply(X, "X", alpha=alpha, beta=beta)
 
     def compute(self, xp, x, alpha, beta):
-        f = x.dtype.type
-        return xp.clip(x * f(alpha) + f(beta), f(0), f(1))
+        return logistic_pass(xp, x, "HardSigmoid", alpha=alpha, beta=beta)
 
 
 @register()
@@ -227,8 +339,7 @@ class Swish(MathUnary):
         return self.apply(X, "X", alpha=alpha)
 
     def compute(self, xp, x, alpha):
-        a = x.dtype.type(alpha)
-        return blockwise(xp, lambda v: v * _sigmoid(xp, v * a), x)
+        return logistic_pass(xp, x, "Swish", alpha=alpha)
 
 
 @register()

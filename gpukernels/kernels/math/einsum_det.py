@@ -18,7 +18,7 @@ import string
 
 import numpy as np
 
-from ...xp import host_empty
+from ...xp import pooled_empty
 from ..base import KernelBase, register
 from ._mathcommon import contiguous
 
@@ -117,10 +117,9 @@ def _matmul_einsum(xp, ta, tb, out, a, b, sizes):
     am = am.reshape(size(batch), size(m), size(contract))
     bm = xp.transpose(b, [tb.index(ch) for ch in batch + contract + n])
     bm = bm.reshape(size(batch), size(contract), size(n))
-    if xp is np:  # large products land in a reusable buffer (no page faults)
-        y = np.matmul(am, bm, out=host_empty((am.shape[0], am.shape[1], bm.shape[2]), np.result_type(am, bm)))
-    else:
-        y = xp.matmul(am, bm)
+    # large host products land in a reusable buffer (no page faults)
+    y = xp.matmul(am, bm, out=pooled_empty(xp, (am.shape[0], am.shape[1], bm.shape[2]),
+                                           np.result_type(am.dtype, bm.dtype)))
     order = batch + m + n
     y = y.reshape([sizes_of[ch] for ch in order])
     return xp.transpose(y, [order.index(ch) for ch in out])

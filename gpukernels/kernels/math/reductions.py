@@ -27,6 +27,7 @@ import numpy as np
 from ...dtypes import DataType
 from ...xp import parallel_ranges
 from ..base import KernelBase, register
+from ..specialize import specialize
 from ._mathcommon import contiguous, highest, lowest, normalize_axes, normalize_axis
 
 _THREAD_MIN = 1 << 18  # input elements per host thread before a reduction is split
@@ -87,26 +88,11 @@ class _Reduce(KernelBase):
         return self.finish(y, x)
 
     def _reduce_rows(self, xp, x, red, count):
-        """self.reduce, split over the leading non-reduced axes on host threads.  Every
-        output element is reduced by the same NumPy loop over the same elements as in one
-        call, so the result does not depend on the thread count."""
-        lead = min(red)
-        outer = int(np.prod(x.shape[:lead], dtype=np.int64))
-        if xp is not np or lead == 0 or x.size < 2 * _THREAD_MIN or not x.flags.c_contiguous:
-            return self.reduce(xp, x, red, count)
-        rows = x.reshape((outer,) + x.shape[lead:])
-        axes = tuple(a - lead + 1 for a in red)
-        parts = {}
-
-        def run(lo, hi):
-            parts[lo] = self.reduce(xp, rows[lo:hi], axes, count)
-
-        parallel_ranges(outer, max(1, _THREAD_MIN // max(1, x.size // outer)), run)
-        if len(parts) == 1:
-            y = parts[0]
-        else:
-            y = np.concatenate([parts[k] for k in sorted(parts)], axis=0)
-        return y.reshape(x.shape[:lead] + y.shape[1:])
+        """self.reduce over the axes red (a specialisation may split it over threads)."""
+        fast = self.specialized("Reduce.rows", self, x, red, count)
+        if fast is not None:
+            return fast(self, x, red, count)
+        return self.reduce(xp, x, red, count)
 
     def finish(self, y, x):
         if y.dtype.kind == "f" and self.to_compute(x).dtype.kind in "iub":
@@ -254,15 +240,43 @@ class ReduceLogSumExp(_Reduce):
         return xp.log(s) + shift
 
 
+_REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2",
+               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+
+
+@specialize("Reduce.rows", device="cpu", ops=_REDUCE_OPS,
+            when=lambda kernel, x, red, count: (min(red) > 0 and x.size >= 2 * _THREAD_MIN
+                                                and x.flags.c_contiguous))
+def _reduce_rows_host(kernel, x, red, count):
+    """kernel.reduce, split over the leading non-reduced axes on host threads.  Every
+    output element is reduced by the same NumPy loop over the same elements as in one
+    call, so the result does not depend on the thread count."""
+    lead = min(red)
+    outer = int(np.prod(x.shape[:lead], dtype=np.int64))
+    rows = x.reshape((outer,) + x.shape[lead:])
+    axes = tuple(a - lead + 1 for a in red)
+    parts = {}
+
+    def run(lo, hi):
+        parts[lo] = kernel.reduce(np, rows[lo:hi], axes, count)
+
+    parallel_ranges(outer, max(1, _THREAD_MIN // max(1, x.size // outer)), run)
+    if len(parts) == 1:
+        y = parts[0]
+    else:
+        y = np.concatenate([parts[k] for k in sorted(parts)], axis=0)
+    return y.reshape(x.shape[:lead] + y.shape[1:])
+
+
 _PICK_THREAD_ITEMS = 1 << 20  # input elements per host thread before an arg-reduction is split
 
 
+@specialize("ArgMax.pick", device="cpu", ops=("ArgMax", "ArgMin"),
+            when=lambda pick, x, axis: x.ndim >= 2 and x.size >= 2 * _PICK_THREAD_ITEMS)
 def _host_pick(pick, x, axis):
-    """pick(np, x, axis), with the slices of another axis split over host threads when
-    the input is large (each thread gets _PICK_THREAD_ITEMS elements or more)."""
+    """pick(np, x, axis), with the slices of another axis split over host threads (each
+    thread gets _PICK_THREAD_ITEMS elements or more)."""
     split = 0 if axis != 0 else 1
-    if x.ndim < 2 or x.size < 2 * _PICK_THREAD_ITEMS:
-        return pick(np, x, axis)
     out_shape = x.shape[:axis] + x.shape[axis + 1:]
     out = np.empty(out_shape, np.intp)
     n = x.shape[split]
@@ -294,10 +308,9 @@ class _Arg(KernelBase):
         if select_last_index:
             idx = self.pick(xp, xp.flip(xc, axis=axis), axis)
             idx = (n - 1) - idx
-        elif xp is np:
-            idx = _host_pick(self.pick, xc, axis)
         else:
-            idx = self.pick(xp, xc, axis)
+            fast = self.specialized("ArgMax.pick", self.pick, xc, axis)
+            idx = fast(self.pick, xc, axis) if fast is not None else self.pick(xp, xc, axis)
         idx = xp.asarray(idx).astype(np.int64, copy=False)
         if keepdims:
             idx = xp.expand_dims(idx, axis)

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...xp import host_blocks, host_empty, parallel_ranges
 from ..base import KernelBase, register
+from ..specialize import specialize
 
 # ----------------------------------------------------------------------------- softmax
 
@@ -89,6 +90,38 @@ def host_row_blocks(R: int, n: int, fn) -> None:
     host_blocks(R, max(1, _ROW_BLOCK // max(1, n)), fn)
 
 
+def _inner(x, axis: int) -> int:
+    return int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+
+
+def _slice_step(x, axis: int) -> int:
+    """Whole slices along axis per host block."""
+    return max(1, _HOST_BLOCK // max(1, x.shape[axis] * _inner(x, axis)))
+
+
+@specialize("Softmax.along", device="cpu", ops=("Softmax",),
+            when=lambda x, axis: _inner(x, axis) == 1 and x.dtype.kind == "f" and x.size >= _HOST_BLOCK,
+            agreement="rtol 1e-6 (float32): exp(x) / sum without the max shift where that is safe")
+def _softmax_last_axis_host(x, axis):
+    """Softmax of rows along the last (non-trivial) axis: row blocks in cache over the host
+    threads (_softmax_rows_host)."""
+    n = x.shape[axis]
+    return _softmax_rows_host(np.ascontiguousarray(x).reshape(-1, n)).reshape(x.shape)
+
+
+@specialize("Softmax.along", device="cpu", ops=("Softmax",),
+            when=lambda x, axis: int(np.prod(x.shape[:axis], dtype=np.int64)) > _slice_step(x, axis))
+def _softmax_slices_host(x, axis):
+    """The reference's steps on (outer, n, inner) blocks of whole slices, over the host
+    threads, into a reusable buffer: the same reductions, in the same order."""
+    n = x.shape[axis]
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    x3 = np.ascontiguousarray(x).reshape(outer, n, _inner(x, axis))
+    out = host_empty(x3.shape, x3.dtype)
+    host_blocks(outer, _slice_step(x, axis), lambda a, b: _softmax_into(np, x3[a:b], out[a:b], 1))
+    return out.reshape(x.shape)
+
+
 def _softmax_rows_host(x2):
     """Softmax along the rows of a 2-D host float array, into a reusable output buffer."""
     R, n = x2.shape
@@ -103,24 +136,16 @@ def _softmax_rows_host(x2):
     return out
 
 
-def softmax_along(xp, x, axis: int):
+def softmax_along(kernel, x, axis: int):
     """Softmax of x along axis in x's dtype (no temporary the size of x)."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        n = x.shape[axis]
-        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
-        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-        if xp is np and inner == 1 and x.dtype.kind == "f" and x.size >= _HOST_BLOCK:
-            return _softmax_rows_host(np.ascontiguousarray(x).reshape(outer, n)).reshape(x.shape)
-        step = max(1, _HOST_BLOCK // max(1, n * inner))
-        if xp is not np or outer <= step:
-            out = xp.empty(x.shape, dtype=x.dtype)
-            _softmax_into(xp, x, out, axis)
-            return out
-        # (outer, n, inner) blocks of whole slices: the same reductions, in the same order
-        x3 = xp.ascontiguousarray(x).reshape(outer, n, inner)
-        out = host_empty(x3.shape, x3.dtype)
-        host_blocks(outer, step, lambda a, b: _softmax_into(xp, x3[a:b], out[a:b], 1))
-        return out.reshape(x.shape)
+        fast = kernel.specialized("Softmax.along", x, axis)
+        if fast is not None:
+            return fast(x, axis)
+        xp = kernel.xp
+        out = xp.empty(x.shape, dtype=x.dtype)
+        _softmax_into(xp, x, out, axis)
+        return out
 
 
 def normalize_axis(kernel, axis: int, ndim: int, **inputs) -> int:
@@ -130,7 +155,7 @@ def normalize_axis(kernel, axis: int, ndim: int, **inputs) -> int:
 
 
 class RowwiseKernel(KernelBase):
-    """Softmax-family operators: ``along(xp, x, axis)`` applied per row, with the
+    """Softmax-family operators: ``along(kernel, x, axis)`` applied per row, with the
     opset-1..12 coerce-to-2-D semantics or the opset-13+ single-axis semantics."""
 
     def __call__(self, input, axis=None):
@@ -147,9 +172,9 @@ class RowwiseKernel(KernelBase):
             return self.from_compute(xc.copy(), x.data_type)
         if legacy:
             rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-            y = self.along(self.xp, xc.reshape(rows, -1), 1).reshape(x.shape)
+            y = self.along(self, xc.reshape(rows, -1), 1).reshape(x.shape)
         else:
-            y = self.along(self.xp, xc, axis)
+            y = self.along(self, xc, axis)
         return self.from_compute(y, x.data_type)
 
 

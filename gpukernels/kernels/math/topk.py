@@ -18,6 +18,7 @@ import numpy as np
 
 from ...dtypes import DataType
 from ...tensor import Tensor
+from ...xp import stable_argsort
 from ..base import KernelBase, register
 from ._mathcommon import normalize_axis
 
@@ -31,12 +32,12 @@ def _order_desc(xp, v):
     """Stable descending order along the last axis, ties by lower index, NaN first."""
     n = v.shape[-1]
     rev = v[..., ::-1]
-    order = xp.argsort(rev, axis=-1, kind="stable") if xp is np else xp.argsort(rev, axis=-1)
+    order = stable_argsort(xp, rev)
     return (n - 1) - order[..., ::-1]
 
 
 def _order_asc(xp, v):
-    return xp.argsort(v, axis=-1, kind="stable") if xp is np else xp.argsort(v, axis=-1)
+    return stable_argsort(xp, v)
 
 
 def _tie_aware_select(xp, v, k, largest):

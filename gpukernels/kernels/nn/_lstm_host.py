@@ -1,6 +1,18 @@
-"""Host (NumPy) machinery of LSTM's fast path: blocked step products that stay in the
-calling thread, and the input projection computed chunk by chunk by a helper thread
-alongside the recurrence (see recurrent.LSTM)."""
+"""LSTM's host specialisation ("LSTM.layer", see recurrent.LSTM for the reference).
+
+The recurrence runs in a transposed layout: per step the gates are one (4H, H) x (H, N)
+product R @ h^T plus a column block of the input projection W @ X^T; the states are kept
+as (H, N) and Y is filled by one transposing copy at the end.  With the default
+Sigmoid/Tanh gates and no clip, peephole or input_forget, the i, o, f rows of W, R and B
+are pre-halved (exact) so that one tanh over all four gates gives
+sigmoid(x) = 0.5 * tanh(x / 2) + 0.5 for three of them and tanh(x) for the fourth.
+
+A small step product runs as single-threaded row blocks (see _StepProduct), and so does
+the input projection, chunk by chunk (_ChunkedProjection): for one direction a helper
+thread computes it ahead of the recurrence; the two directions of a bidirectional layer
+run in two threads.  Nothing then wakes OpenBLAS's thread pool, whose workers spin for a
+long while after a threaded product (on a 2-core machine that halves the speed of the
+threads that follow)."""
 
 from __future__ import annotations
 
@@ -8,7 +20,8 @@ import threading
 
 import numpy as np
 
-from ...xp import host_empty
+from ...xp import host_empty, parallel_ranges
+from ..specialize import specialize
 
 
 def _clip(xp, x, clip):
@@ -31,17 +44,17 @@ _SCRATCH_BYTES = 1 << 16  # host scratch of this size or more comes from the reu
 
 
 def _scratch(xp, shape, dtype):
-    """An uninitialised work array; on the host from the buffer pool (a fresh MiB-sized
-    array costs page faults on every call).  Not for the helper thread's chunk buffers:
-    the pool's bookkeeping runs in Python, holding the GIL that the recurrence needs
-    between its NumPy calls (measured 5-10% slower steps)."""
-    return host_empty(shape, dtype, min_bytes=_SCRATCH_BYTES) if xp is np else xp.empty(shape, dtype=dtype)
+    """An uninitialised work array from the host buffer pool (a fresh MiB-sized array
+    costs page faults on every call).  Not for the helper thread's chunk buffers: the
+    pool's bookkeeping runs in Python, holding the GIL that the recurrence needs between
+    its NumPy calls (measured 5-10% slower steps)."""
+    return host_empty(shape, dtype, min_bytes=_SCRATCH_BYTES)
 
 
 class _StepProduct:
     """out = A @ b for a fixed left operand A (M, K) and right operands b (K, N); out is
-    an (Mp, N) buffer reused by every call whose first M rows hold the product (on the
-    host A may be padded with zero rows to Mp = blocks * rows)."""
+    an (Mp, N) buffer reused by every call whose first M rows hold the product (A may be
+    padded with zero rows to Mp = blocks * rows)."""
 
     @staticmethod
     def single_threaded(M, K, N) -> bool:
@@ -53,7 +66,7 @@ class _StepProduct:
         M, K = A.shape
         self.M = M
         self.blocks = None
-        if xp is np and M * K * N > _SMALL_PRODUCT and self.single_threaded(M, K, N):
+        if M * K * N > _SMALL_PRODUCT and self.single_threaded(M, K, N):
             rows = _SMALL_PRODUCT // max(1, K * N)
             nb = -(-M // rows)
             rows = -(-M // nb)
@@ -397,3 +410,111 @@ class _LSTMDirection:
             h_out(out, f.inplace(xp, clipf(xp, go, clip)))
 
         return cell
+
+
+# ---------------------------------------------------------------------- the layer
+
+
+@specialize("LSTM.layer", device="cpu", ops=("LSTM",),
+            agreement="rtol 1e-5 (float32): sigmoid as 0.5 * tanh(x / 2) + 0.5 on the default gates")
+def lstm_host(kernel, p, acts, clip, coupled):
+    """The whole LSTM layer on the host: Y (compute array in the output layout, None when
+    not wanted) and the final h and c of each direction, (N, H) each."""
+    xp = np
+    c0_t, p_t = p["extras"]
+    cdt = kernel.to_compute(p["x"]).dtype
+    S, N, H, D = p["S"], p["N"], p["H"], p["D"]
+    # per direction: one tanh over all gates on pre-halved i, o, f rows?
+    fused = [p_t.is_absent and clip is None and not coupled and f.name.lower() == "sigmoid"
+             and g.name.lower() == "tanh" for f, g, _ in acts]
+    half = np.where(np.arange(4 * H) < 3 * H, 0.5, 1.0).astype(cdt)
+    scale = [half if fu else None for fu in fused]
+    w = _scaled(kernel.to_compute(p["w"], cdt), scale)  # (D, 4H, I)
+    R_ = _scaled(kernel.to_compute(p["r"], cdt), scale)  # (D, 4H, H)
+    bias = None
+    if not p["b"].is_absent:
+        b = kernel.to_compute(p["b"], cdt)
+        bias = _scaled(b[:, :4 * H] + b[:, 4 * H:], scale)  # (D, 4H)
+    peep = kernel.to_compute(p_t, cdt) if not p_t.is_absent else None
+    h0 = kernel._state(p["h0"], p, cdt)
+    c0 = kernel._state(c0_t, p, cdt)
+    want_y = kernel.wants_output(0)
+    y_shape = (S, D, N, H) if p["layout"] == 0 else (N, S, D, H)
+    # every (time, direction) slot is written once (zeros past a sequence's length)
+    Y = host_empty(y_shape, cdt, min_bytes=1 << 16) if want_y else None
+    xc = kernel.to_compute(p["x"], cdt)
+    xsni = xc.transpose(1, 0, 2) if p["layout"] == 1 else xc  # X as (S, N, I)
+    runs = [_LSTMDirection(xp, kernel, p, d, reverse, acts[d], fused[d], clip, coupled, cdt,
+                           _StepProduct(xp, R_[d], N))
+            for d, reverse in enumerate(p["dirs"])]
+    bias_d = [None if bias is None else bias[d] for d in range(D)]
+    chunked = p["lens"] is None and all(_ChunkedProjection.worth_it(r.product, p) for r in runs)
+    if chunked and D == 1:
+        finals = [_pipelined(runs[0], w[0], bias_d[0], xsni, h0, c0, peep, Y)]
+    else:
+        # chunked: each direction computes its projection itself, chunk by chunk, in
+        # single-threaded products (no helper); else all at once before
+        projT = None if chunked else _projection_t(w, bias, xsni, p)  # (D, 4H, S, N)
+        finals = [None] * D
+
+        def run_dir(d):
+            r = runs[d]
+            src = (_ChunkedProjection(w[d], bias_d[d], xsni, r.product, r.reverse, Y is not None)
+                   if chunked else _FullProjection(projT[d]))
+            try:
+                finals[d] = r(src, h0[d].T, c0[d].T, None if peep is None else peep[d], Y)
+            finally:
+                if chunked:
+                    src.release()
+
+        if D == 2 and runs[0].product.blocks is not None:  # single-threaded products: two threads
+            parallel_ranges(2, 1, lambda lo, hi: [run_dir(d) for d in range(lo, hi)])
+        else:
+            for d in range(D):
+                run_dir(d)
+    return Y, [f[0].T for f in finals], [f[1].T for f in finals]
+
+
+def _pipelined(run, w, bias, xsni, h0, c0, peep, Y):
+    """One direction whose input projection a helper thread computes alongside; the
+    final (h, c)."""
+    src = _ChunkedProjection(w, bias, xsni, run.product, run.reverse, Y is not None)
+    fin = []
+
+    def work(lo, hi):
+        if lo == 0:  # the calling thread runs the recurrence (taking chunks not yet started)
+            try:
+                fin.append(run(src, h0[0].T, c0[0].T, None if peep is None else peep[0], Y))
+            finally:
+                src.abandon()
+        if hi == 2:
+            src.produce()
+
+    try:
+        parallel_ranges(2, 1, work)
+    finally:
+        src.release()
+    return fin[0]
+
+
+def _scaled(a, scale):
+    """a (D, 4H, ...) with the rows of direction d multiplied by scale[d] (None: as is);
+    a copy when any is scaled."""
+    if all(s is None for s in scale):
+        return a
+    out = host_empty(a.shape, a.dtype, min_bytes=1 << 16)
+    for d, s in enumerate(scale):
+        if s is None:
+            out[d] = a[d]
+        else:
+            np.multiply(a[d], s.reshape((-1,) + (1,) * (a.ndim - 2)), out=out[d])
+    return out
+
+
+def _projection_t(w, bias, xsni, p):
+    """W @ X^T (+ Wb + Rb) for every step and direction: (D, 4H, S, N) compute array."""
+    S, N, I, D, GH = p["S"], p["N"], p["I"], p["D"], 4 * p["H"]
+    projT = np.matmul(w.reshape(D * GH, I), xsni.reshape(S * N, I).T)  # (D*GH, S*N)
+    if bias is not None:
+        projT += bias.reshape(D * GH, 1)
+    return projT.reshape(D, GH, S, N)

@@ -1,9 +1,9 @@
-"""Host-only (NumPy) separable pooling for MaxPool (Y only) and AveragePool: one axis at
-a time, each kernel tap applied directly at the output positions through strided views
-(k - 1 ufunc passes over the output size of the axis), so nothing is padded.  Output
-positions whose window reaches outside the input ("edges", a few per side) are
-recomputed from their valid taps afterwards.  pool.pool_reduce calls pool_strided and
-falls back to its padded-window path when this one does not apply.
+"""Host-only (NumPy) separable pooling for MaxPool (Y only) and AveragePool, the
+specialisation "Pool.windows" of pool.pool_reduce: one axis at a time, each kernel tap
+applied directly at the output positions through strided views (k - 1 ufunc passes over
+the output size of the axis), so nothing is padded.  Output positions whose window
+reaches outside the input ("edges", a few per side) are recomputed from their valid taps
+afterwards.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...xp import host_empty, parallel_ranges
+from ..specialize import specialize
 from . import _spatial as sp
 
 DENSE_BLOCK_BYTES = 1 << 20  # a block and its scratch copies (measured best at 0.5-1 MiB)
@@ -83,6 +84,26 @@ def _strided_last_flat(op, a, s, O, offsets, plan, fill, buf):
     return res
 
 
+def _plans(x2, geo):
+    """(tap offsets, _axis_plan) of every spatial axis."""
+    n_sp = x2.ndim - 1
+    S = x2.shape[1:]
+    offsets = [[t * geo.dilations[d] - geo.pads[d] for t in range(geo.kernel[d])] for d in range(n_sp)]
+    return offsets, [_axis_plan(S[d], geo.out[d], geo.strides[d], offsets[d]) for d in range(n_sp)]
+
+
+def covers(x2, geo, kind) -> bool:
+    """Whether pool_strided takes a call: max or avg, and no axis with many edge outputs
+    (kernel or padding much larger than the input)."""
+    return kind in ("max", "avg") and not any(len(p[2]) > 8 for p in _plans(x2, geo)[1])
+
+
+@specialize("Pool.windows", device="cpu", ops=("MaxPool", "AveragePool"), when=covers)
+def pool_windows(x2, geo, kind, fill):
+    """The unnormalised window reductions of pool.pool_reduce (max, or sums for avg)."""
+    return pool_strided(x2, geo, np.maximum if kind == "max" else np.add, fill)
+
+
 def pool_strided(x2, geo, op, fill):
     """op-reduction (np.maximum or np.add) of every window of the host array (NC, *S),
     skipping taps outside the input (fill where a window has none), by separable strided
@@ -93,8 +114,7 @@ def pool_strided(x2, geo, op, fill):
     n_sp = x2.ndim - 1
     S = x2.shape[1:]
     O = geo.out
-    offsets = [[t * geo.dilations[d] - geo.pads[d] for t in range(geo.kernel[d])] for d in range(n_sp)]
-    plans = [_axis_plan(S[d], O[d], geo.strides[d], offsets[d]) for d in range(n_sp)]
+    offsets, plans = _plans(x2, geo)
     if any(len(p[2]) > 8 for p in plans):
         return None
     NC = x2.shape[0]

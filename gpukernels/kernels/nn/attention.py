@@ -7,7 +7,10 @@ padding), softmax runs over the keys, and the probabilities multiply V.  Everyth
 batched matrix products, chunked over blocks of query rows so that at most about
 ``ctx.options['attention_block_bytes']`` (default 64 MiB) of scores live at once.
 On the host, calls without mask, padding, window, softcap or qk output (the common
-prefill and decode cases) take _HostAttention, a leaner schedule of the same math.
+prefill and decode cases) take the specialisation "Attention.blocks" (_HostAttention), a
+leaner schedule of the same softmax: exp2 with the scale folded in, and the row max
+subtracted only where the unshifted sums overflow or underflow (the reference always
+subtracts it).
 
 Choices where the spec leaves room:
 
@@ -43,6 +46,7 @@ from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
 from ..base import KernelBase, register
+from ..specialize import specialize
 
 _SOFTMAX_PRECISIONS = {int(DataType.FLOAT), int(DataType.FLOAT16), int(DataType.DOUBLE),
                        int(DataType.BFLOAT16)}
@@ -240,13 +244,12 @@ class Attention(KernelBase):
         mode = p["mode"]
         want_qk = self.wants_output(3)
         nonempty = Sq > 0 and T > 0 and B > 0 and Hq > 0
-        host_plain = nonempty and self._host_plain(p, mask, want_qk, cdt)
-        Y = (xp.empty if host_plain else xp.zeros)((B, Hq, Sq, Dv), dtype=cdt)
+        fast = self.specialized("Attention.blocks", p, mask, want_qk, cdt) if nonempty else None
+        Y = (xp.empty if fast is not None else xp.zeros)((B, Hq, Sq, Dv), dtype=cdt)
         qk_out = xp.zeros((B, Hq, Sq, T), dtype=cdt) if want_qk else None
 
-        if host_plain:
-            budget = int(self.ctx.option("attention_block_bytes", _DEFAULT_BLOCK_BYTES))
-            _HostAttention(p, cdt, min(budget, _HOST_BLOCK_BYTES)).run(Qc, Kc, Vc, Y)
+        if fast is not None:
+            fast(self, p, cdt, Qc, Kc, Vc, Y)
         elif nonempty:
             mask_add, mask_q = self._prepare_mask(mask, T, cdt)
             offset = self._offset(p)
@@ -330,16 +333,6 @@ class Attention(KernelBase):
         qk_t = self.from_compute(qk_out, q.data_type) if want_qk else None
         return self.Result(y_t, pk_t, pv_t, qk_t)
 
-    def _host_plain(self, p, mask, want_qk, cdt) -> bool:
-        """Whether the host fast path (_HostAttention) covers this call: NumPy, no mask,
-        no padding or window, no softcap, no qk output, softmax in the compute type, and
-        the causal frontier (if any) at the fixed offset past_len."""
-        sp = p["softmax_precision"]
-        sdt = cdt if sp is None else {int(DataType.FLOAT): np.float32, int(DataType.DOUBLE): np.float64}.get(sp)
-        return (self.xp is np and mask.is_absent and p["nonpad"] is None and p["softcap"] == 0
-                and p["left"] < 0 and p["right"] < 0 and not want_qk
-                and sdt is not None and np.dtype(sdt) == cdt)
-
     def _round(self, arr, data_type):
         """arr rounded to a half type and back to float32."""
         return self.to_compute(self.from_compute(arr, data_type), np.float32)
@@ -418,8 +411,28 @@ _SUM_HI = 1e30
 _LOG2E = 1.4426950408889634
 
 
+def _host_plain(p, mask, want_qk, cdt) -> bool:
+    """Whether _HostAttention covers a call: no mask, no padding or window, no softcap, no
+    qk output, softmax in the compute type, and the causal frontier (if any) at the fixed
+    offset past_len."""
+    sp = p["softmax_precision"]
+    sdt = cdt if sp is None else {int(DataType.FLOAT): np.float32, int(DataType.DOUBLE): np.float64}.get(sp)
+    return (mask.is_absent and p["nonpad"] is None and p["softcap"] == 0
+            and p["left"] < 0 and p["right"] < 0 and not want_qk
+            and sdt is not None and np.dtype(sdt) == cdt)
+
+
+@specialize("Attention.blocks", device="cpu", ops=("Attention",), when=_host_plain,
+            agreement="rtol 1e-5 (float32): exp2 with log2(e) folded into the scale, the row "
+                      "max subtracted only for blocks whose unshifted sums leave a safe range")
+def _host_attention(kernel, p, cdt, Qc, Kc, Vc, Y):
+    """Y (B, Hq, Sq, Dv) of a plain call on the host, by _HostAttention."""
+    budget = int(kernel.ctx.option("attention_block_bytes", _DEFAULT_BLOCK_BYTES))
+    _HostAttention(p, cdt, min(budget, _HOST_BLOCK_BYTES)).run(Qc, Kc, Vc, Y)
+
+
 class _HostAttention:
-    """NumPy-only attention for the plain cases (see Attention._host_plain).
+    """NumPy-only attention for the plain cases (see _host_plain).
 
     Works through blocks of (batch, KV heads, query rows).  Per block: scores by one
     batched BLAS product with scale * log2(e) folded into Q (a scaled copy of the block's

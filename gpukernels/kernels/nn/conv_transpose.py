@@ -3,9 +3,9 @@
 cols = W_g^T @ X_g (one batched matmul per group), then every kernel tap's slice of cols
 is added into the output at that tap's strided positions (a loop over taps, vectorised
 over pixels).  cols is built per chunk of at most 256 MiB (over the batch, and over input
-rows when one image alone is larger).  On the host, 1-D/2-D float inputs take the phase
-(sub-pixel) path below instead when its cost model says so: one GEMM for every output
-phase, no scatter-adds.
+rows when one image alone is larger).  On the host, 1-D/2-D float inputs take the
+specialisation "ConvTranspose.forward" instead when its cost model says so: the phase
+(sub-pixel) path, one GEMM for every output phase, no scatter-adds.
 
 Output size and pads follow the ONNX text:
 * explicit pads: out = stride*(in-1) + output_padding + (k-1)*dilation + 1 - pads_begin - pads_end;
@@ -26,6 +26,7 @@ import numpy as np
 from ...limits import check_allocation
 from ...xp import host_empty
 from ..base import KernelBase, register
+from ..specialize import specialize
 from . import _spatial as sp
 from .conv import check_conv_ranks
 
@@ -46,10 +47,13 @@ def scatter_taps(xp, out, cols, K, strides, dilations, counts, origin):
             target += src
 
 
-def conv_transpose_forward(xp, x, w, b, group, strides, dilations, pads, out_shape):
+def conv_transpose_forward(kernel, x, w, b, group, strides, dilations, pads, out_shape):
     """x (N, C, *S), w (C, M/group, *K) compute arrays -> (N, M, *out_shape)."""
-    if xp is np and _phase_applies(x, w, group, strides, dilations, pads, out_shape):
-        return _host_phase_forward(x, w, b, group, strides, dilations, pads, out_shape)
+    args = (x, w, b, group, strides, dilations, pads, out_shape)
+    fast = kernel.specialized("ConvTranspose.forward", *args)
+    if fast is not None:
+        return fast(*args)
+    xp = kernel.xp
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     Mg = w.shape[1]
@@ -138,7 +142,7 @@ def _phase_axis(k, s, d, pb, out):
     }
 
 
-def _phase_applies(x, w, group, strides, dilations, pads, out_shape):
+def _phase_applies(x, w, b, group, strides, dilations, pads, out_shape):
     """Host 1-D/2-D float path, when it costs less than the scatter path: its GEMM (with the
     zero slots of Wc, the padded rows and the wide columns) plus building Wc, against the
     exact GEMM plus the col2im adds."""
@@ -194,6 +198,8 @@ def _phase_chunks(N, Q, bytes_per_row):
     return [(n, n + 1, qa, min(Q, qa + rows)) for n in range(N) for qa in range(0, Q, rows)]
 
 
+@specialize("ConvTranspose.forward", device="cpu", ops=("ConvTranspose",), when=_phase_applies,
+            agreement="rtol 1e-5 (float32): one GEMM per output phase, another summation order")
 def _host_phase_forward(x, w, b, group, strides, dilations, pads, out_shape):
     """ConvTranspose for 1-D/2-D float inputs on the host by the phase decomposition."""
     if x.ndim == 3:  # 1-D as 2-D with a unit leading axis
@@ -337,5 +343,5 @@ class ConvTranspose(KernelBase):
                                          for i in range(n_sp)], xc.dtype, what="working buffer")
         wc = self.to_compute(w, xc.dtype)
         bc = None if b.is_absent else self.to_compute(b, xc.dtype)
-        y = conv_transpose_forward(self.xp, xc, wc, bc, group, strides, dilations, pads_r, out)
+        y = conv_transpose_forward(self, xc, wc, bc, group, strides, dilations, pads_r, out)
         return self.from_compute(y, x.data_type)

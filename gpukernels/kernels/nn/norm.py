@@ -16,6 +16,7 @@ import numpy as np
 from ...dtypes import DataType
 from ...tensor import Tensor
 from ..base import KernelBase, register
+from ..specialize import specialize
 from ...xp import host_blocks, host_empty
 
 
@@ -130,7 +131,8 @@ class BatchNormalization(KernelBase):
             mc, vc = param(m), param(var)
             a = sc / xp.sqrt(vc + dt.type(eps))
             shift = bc - mc * a
-            y = _scale_shift_host(xc, a, shift) if xp is np else xc * a + shift
+            fast = self.specialized("BatchNormalization.affine", xc, a, shift)
+            y = fast(xc, a, shift) if fast is not None else xc * a + shift
             y = self.from_compute(y.reshape(x.shape), x.data_type)
             return self.Result(y) if self.since_version >= 14 else self.LegacyResult(y)
         axes = (0,) if per_feature else (0,) + tuple(range(2, nd))
@@ -157,6 +159,7 @@ class BatchNormalization(KernelBase):
 _AFFINE_BLOCK_BYTES = 1 << 20
 
 
+@specialize("BatchNormalization.affine", device="cpu", ops=("BatchNormalization",))
 def _scale_shift_host(x, a, shift):
     """x * a + shift on the host, a and shift of shape (1, C, ...) broadcasting over x
     (N, C, ...): into a pooled output, in blocks of samples or channels of about
@@ -254,7 +257,7 @@ class LayerNormalization(KernelBase):
         fast = _rows_fast_path(self, sdt, cdt, x.shape[ax:], s, b)
         if fast is not None:
             s_flat, b_flat = fast
-            y, mean, inv = _normalize_rows(xp, xs.reshape(-1, _prod(x.shape[ax:])), float(epsilon), s_flat,
+            y, mean, inv = _normalize_rows(self, xs.reshape(-1, _prod(x.shape[ax:])), float(epsilon), s_flat,
                                            b_flat, center=True)
             y = y.reshape(x.shape)
             mean = mean.reshape(stat_shape)
@@ -311,20 +314,48 @@ def _rows_fast_path(kernel, sdt, cdt, norm_shape, s, b):
     return s_flat, b_flat
 
 
-def _normalize_rows(xp, x2, eps, s_flat, b_flat, center):
-    """Row-wise normalisation of x2 (R, D) in blocks of rows that fit in cache (one block
-    on a GPU): y = (x - mean) * invstd * s + b (center) or x * rsqrt(mean(x^2) + eps) * s.
-    Returns y (R, D), mean (R,) (None when not centering) and the inverse (R,)."""
+def _normalize_rows(kernel, x2, eps, s_flat, b_flat, center):
+    """Row-wise normalisation of x2 (R, D): y = (x - mean) * invstd * s + b (center) or
+    x * rsqrt(mean(x^2) + eps) * s.  Returns y (R, D), mean (R,) (None when not
+    centering) and the inverse (R,)."""
+    fast = kernel.specialized("LayerNormalization.rows", x2)
+    if fast is not None:
+        return fast(x2, eps, s_flat, b_flat, center)
+    xp = kernel.xp
     R, D = x2.shape
     dt = x2.dtype
-    y = host_empty((R, D), dt) if xp is np else xp.empty((R, D), dtype=dt)
-    mean_all = xp.empty((R,), dtype=dt) if center else None
-    inv_all = xp.empty((R,), dtype=dt)
-    step = max(1, _ROW_BLOCK_BYTES // max(1, D * dt.itemsize)) if xp is np else max(R, 1)
+    y = xp.empty((R, D), dtype=dt)
     inv_d = dt.type(1.0 / D) if D else dt.type(0)
-    # host: per-row dot products (BLAS) are several times faster than sum/einsum; rows
-    # short enough that the BLAS never splits one over its own threads
-    if xp is np and 0 < D <= (1 << 13) and hasattr(np, "vecdot"):
+    mean = None
+    if center:  # every step works in place on the output (no temporaries)
+        mean = x2.sum(axis=1) * inv_d
+        xp.subtract(x2, mean[:, None], out=y)
+    else:
+        y[...] = x2
+    var = xp.einsum("ij,ij->i", y, y) * inv_d
+    inv = 1.0 / xp.sqrt(var + dt.type(eps))
+    xp.multiply(y, inv[:, None], out=y)
+    xp.multiply(y, s_flat, out=y)
+    if b_flat is not None:
+        xp.add(y, b_flat, out=y)
+    return y, mean, inv
+
+
+@specialize("LayerNormalization.rows", device="cpu", ops=("LayerNormalization", "RMSNormalization"),
+            agreement="rtol 1e-5 (float32): row sums as BLAS dot products with ones")
+def _normalize_rows_host(x2, eps, s_flat, b_flat, center):
+    """_normalize_rows on the host: blocks of rows that fit in cache, over the host
+    threads, into a reusable output buffer."""
+    R, D = x2.shape
+    dt = x2.dtype
+    y = host_empty((R, D), dt)
+    mean_all = np.empty((R,), dtype=dt) if center else None
+    inv_all = np.empty((R,), dtype=dt)
+    step = max(1, _ROW_BLOCK_BYTES // max(1, D * dt.itemsize))
+    inv_d = dt.type(1.0 / D) if D else dt.type(0)
+    # per-row dot products (BLAS) are several times faster than sum/einsum; rows short
+    # enough that the BLAS never splits one over its own threads
+    if 0 < D <= (1 << 13) and hasattr(np, "vecdot"):
         ones = np.ones(D, dt)
 
         def row_sum(a):
@@ -336,36 +367,28 @@ def _normalize_rows(xp, x2, eps, s_flat, b_flat, center):
             return a.sum(axis=1)
 
         def row_dot(a, b):
-            return xp.einsum("ij,ij->i", a, b)
+            return np.einsum("ij,ij->i", a, b)
 
     def block(a, b):
         xc = x2[a:b]
         yb = y[a:b]  # every step works in place on the output block (no temporaries)
-        if center and xp is not np:
-            m = row_sum(xc) * inv_d
-            xp.subtract(xc, m[:, None], out=yb)
-        else:
-            # host: copying first reads x and brings the output lines in within one
-            # memory-bound pass (measured ~18% faster than a read pass and a write
-            # pass); the statistics are then the same sums of the same values
-            yb[...] = xc
-            if center:
-                m = row_sum(yb) * inv_d
-                xp.subtract(yb, m[:, None], out=yb)
+        # copying first reads x and brings the output lines in within one memory-bound
+        # pass (measured ~18% faster than a read pass and a write pass); the statistics
+        # are then the same sums of the same values
+        yb[...] = xc
         if center:
+            m = row_sum(yb) * inv_d
+            np.subtract(yb, m[:, None], out=yb)
             mean_all[a:b] = m
         var = row_dot(yb, yb) * inv_d
-        iv = 1.0 / xp.sqrt(var + dt.type(eps))
+        iv = 1.0 / np.sqrt(var + dt.type(eps))
         inv_all[a:b] = iv
-        xp.multiply(yb, iv[:, None], out=yb)
-        xp.multiply(yb, s_flat, out=yb)
+        np.multiply(yb, iv[:, None], out=yb)
+        np.multiply(yb, s_flat, out=yb)
         if b_flat is not None:
-            xp.add(yb, b_flat, out=yb)
+            np.add(yb, b_flat, out=yb)
 
-    if xp is np:
-        host_blocks(R, step, block)  # independent row blocks, handed out to the host threads
-    elif R:
-        block(0, R)
+    host_blocks(R, step, block)  # independent row blocks, handed out to the host threads
     return y, mean_all, inv_all
 
 
@@ -438,7 +461,7 @@ class RMSNormalization(KernelBase):
                        else np.float32)
         fast = _rows_fast_path(self, sdt, cdt, x.shape[ax:], s, None)
         if fast is not None:
-            y, _, _ = _normalize_rows(xp, xs.reshape(-1, _prod(x.shape[ax:])), float(epsilon), fast[0], None,
+            y, _, _ = _normalize_rows(self, xs.reshape(-1, _prod(x.shape[ax:])), float(epsilon), fast[0], None,
                                       center=False)
             return self.from_compute(y.reshape(x.shape), x.data_type)
         ms = xp.mean(xs * xs, axis=tuple(range(ax, x.ndim)), keepdims=True)

@@ -35,7 +35,9 @@ from ..base import KernelBase, register
 from . import _pool_host
 from . import _spatial as sp
 
-_POOL_BLOCK_BYTES = 512 * 1024
+# bytes of padded input per block of the window path, by array namespace (tuning: block
+# sizes change speed, never results); others get the whole workspace
+_POOL_BLOCK_BYTES = {"numpy": 512 * 1024}
 
 
 # ------------------------------------------------------------------ geometry
@@ -125,7 +127,7 @@ def _blocks(xp, x2, geo, fill):
     hi = [lo[i] + (geo.out[i] - 1) * geo.strides[i] + (geo.kernel[i] - 1) * geo.dilations[i] + 1
           for i in range(n_sp)]
     per = max(1, sp.prod([h - l for h, l in zip(hi, lo)]) * x2.dtype.itemsize)
-    budget = _POOL_BLOCK_BYTES if xp is np else sp.WORKSPACE_BYTES
+    budget = _POOL_BLOCK_BYTES.get(xp.__name__, sp.WORKSPACE_BYTES)
     step = max(1, budget // per)
     for a in range(0, NC, step):
         b = min(NC, a + step)
@@ -138,8 +140,9 @@ def _tap_view(block, geo, tap):
                                                 geo.strides, geo.out)]
 
 
-def pool_reduce(xp, x, geo, kind, p=2.0, include_pad=False):
+def pool_reduce(kernel, x, geo, kind, p=2.0, include_pad=False):
     """kind 'max' | 'avg' | 'lp' over (N, C, *S) compute array x."""
+    xp = kernel.xp
     N, C = x.shape[:2]
     S = x.shape[2:]
     n_sp = len(S)
@@ -150,13 +153,12 @@ def pool_reduce(xp, x, geo, kind, p=2.0, include_pad=False):
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
     else:
         fill = 0
-    out = None
-    if xp is np and kind != "lp":
-        out = _pool_host.pool_strided(x2, geo, np.maximum if kind == "max" else np.add, fill)
-    fast = out is not None
-    if not fast:
+    fast = kernel.specialized("Pool.windows", x2, geo, kind)
+    if fast is not None:
+        out = fast(x2, geo, kind, fill)
+    else:
         out = xp.empty((N * C,) + tuple(geo.out), dtype=x.dtype)
-    for a, b, block in (() if fast else _blocks(xp, x2, geo, fill)):
+    for a, b, block in (() if fast is not None else _blocks(xp, x2, geo, fill)):
         if kind == "lp":
             block = xp.abs(block) if p == 1 else (block * block if p == 2 else xp.power(xp.abs(block), p))
         # box windows are separable: reduce one spatial axis at a time
@@ -266,7 +268,7 @@ class AveragePool(KernelBase):
         x = self.tensor(X, "X")
         self.check_inputs(x)
         geo = pool_geometry(self, x, kernel_shape, strides, pads, auto_pad, dilations, ceil_mode)
-        y = pool_reduce(self.xp, self.to_compute(x), geo, "avg", include_pad=bool(count_include_pad))
+        y = pool_reduce(self, self.to_compute(x), geo, "avg", include_pad=bool(count_include_pad))
         return self.from_compute(y, x.data_type)
 
 
@@ -282,7 +284,7 @@ class LpPool(KernelBase):
         if p is None or float(p) <= 0:
             raise self.error(f"p must be positive, got {p}", X=x)
         geo = pool_geometry(self, x, kernel_shape, strides, pads, auto_pad, dilations, ceil_mode)
-        y = pool_reduce(self.xp, self.to_compute(x), geo, "lp", p=float(p))
+        y = pool_reduce(self, self.to_compute(x), geo, "lp", p=float(p))
         return self.from_compute(y, x.data_type)
 
 
@@ -325,7 +327,7 @@ class MaxPool(KernelBase):
         if want_indices:
             y, idx = max_pool_with_indices(self.xp, xc, geo, int(storage_order))
             return self.Result(self.from_compute(y, x.data_type), self.result(idx, DataType.INT64))
-        y = self.from_compute(pool_reduce(self.xp, xc, geo, "max"), x.data_type)
+        y = self.from_compute(pool_reduce(self, xc, geo, "max"), x.data_type)
         if self.since_version < 8:
             return y
         return self.Result(y, None)

@@ -3,8 +3,8 @@
 One layer, forward / reverse / bidirectional.  The input projection of every time step
 (and both directions) is one matrix product; the recurrence is a loop over time steps
 with one (batch, hidden) x (hidden, gates*hidden) product per step and direction.  LSTM
-has host fast paths (a transposed layout, single-threaded blocked step products, the
-projection computed by a helper thread alongside the recurrence): see LSTM.
+has a host specialisation (a transposed layout, single-threaded blocked step products,
+the projection computed by a helper thread alongside the recurrence): see _lstm_host.
 
 Choices where the spec leaves room:
 
@@ -32,9 +32,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ...tensor import Tensor
-from ...xp import host_empty, parallel_ranges
 from ..base import KernelBase, register
-from ._lstm_host import _ChunkedProjection, _FullProjection, _LSTMDirection, _StepProduct, _clip
+from ._lstm_host import _ChunkedProjection, _FullProjection, _LSTMDirection, _StepProduct, _clip  # noqa: F401
 
 
 def _sigmoid(xp, x, a, b):
@@ -419,19 +418,11 @@ class LSTM(_RecurrentBase):
     """Gates in W/R/B order i, o, f, c; peepholes P in order i, o, f.  Defaults f = Sigmoid,
     g = Tanh, h = Tanh.  input_forget=1 sets f_t = 1 - i_t.
 
-    The recurrence runs in a transposed layout: per step the gates are one (4H, H) x (H, N)
-    product R @ h^T plus a column block of the input projection W @ X^T; the states are
-    kept as (H, N) and Y is filled by one transposing copy at the end.  With the default
-    Sigmoid/Tanh gates and no clip, peephole or input_forget, the i, o, f rows of W, R and
-    B are pre-halved (exact) so that one tanh over all four gates gives
-    sigmoid(x) = 0.5 * tanh(x / 2) + 0.5 for three of them and tanh(x) for the fourth.
-
-    On the host a small step product runs as single-threaded row blocks (see
-    _StepProduct), and so does the input projection, chunk by chunk (_ChunkedProjection):
-    for one direction a helper thread computes it ahead of the recurrence; the two
-    directions of a bidirectional layer run in two threads.  Nothing then wakes OpenBLAS's
-    thread pool, whose workers spin for a long while after a threaded product (on a
-    2-core machine that halves the speed of the threads that follow)."""
+    The reference runs the recurrence as RNN and GRU do: per step and direction one
+    (N, H) x (H, 4H) product h @ R^T plus the step's row of the input projection, then the
+    cell.  On the host the specialisation "LSTM.layer" (_lstm_host.lstm_host) runs it in a
+    transposed layout with fused gates, blocked single-threaded step products and the
+    input projection computed by a helper thread alongside the recurrence."""
 
     n_gates = 4
     n_activations = 3
@@ -456,113 +447,80 @@ class LSTM(_RecurrentBase):
         acts = self._activations(activations, activation_alpha, activation_beta, D)
         clip = self._clip_value(clip)
         coupled = bool(int(input_forget or 0))
+        run = self.specialized("LSTM.layer", self, p) or _lstm_reference
+        Y, final_h, final_c = run(self, p, acts, clip, coupled)
         xp = self.xp
-        cdt = self.to_compute(p["x"]).dtype
-        S, N = p["S"], p["N"]
-        # per direction: one tanh over all gates on pre-halved i, o, f rows?
-        fused = [p_t.is_absent and clip is None and not coupled and f.fn is _sigmoid
-                 and g.name.lower() == "tanh" for f, g, _ in acts]
-        half = np.where(np.arange(4 * H) < 3 * H, 0.5, 1.0).astype(cdt)
-        scale = [xp.asarray(half) if fu else None for fu in fused]
-        w = self._scaled(self.to_compute(p["w"], cdt), scale)  # (D, 4H, I)
-        R_ = self._scaled(self.to_compute(p["r"], cdt), scale)  # (D, 4H, H)
-        bias = None
-        if not p["b"].is_absent:
-            b = self.to_compute(p["b"], cdt)
-            bias = self._scaled(b[:, :4 * H] + b[:, 4 * H:], scale)  # (D, 4H)
-        peep = self.to_compute(p_t, cdt) if not p_t.is_absent else None
-        h0 = self._state(p["h0"], p, cdt)
-        c0 = self._state(c0_t, p, cdt)
-        want_y = self.wants_output(0)
-        y_shape = (S, D, N, H) if p["layout"] == 0 else (N, S, D, H)
-        # every (time, direction) slot is written once (zeros past a sequence's length)
-        Y = (host_empty(y_shape, cdt, min_bytes=1 << 16) if xp is np else xp.empty(y_shape, dtype=cdt)) \
-            if want_y else None
-        xsni = self._steps_major(p, cdt)  # X as (S, N, I)
-        runs = [_LSTMDirection(xp, self, p, d, reverse, acts[d], fused[d], clip, coupled, cdt,
-                               _StepProduct(xp, R_[d], N))
-                for d, reverse in enumerate(p["dirs"])]
-        bias_d = [None if bias is None else bias[d] for d in range(D)]
-        chunked = p["lens"] is None and all(_ChunkedProjection.worth_it(r.product, p) for r in runs)
-        if chunked and D == 1:
-            finals = [self._pipelined(runs[0], w[0], bias_d[0], xsni, h0, c0, peep, Y)]
-        else:
-            # chunked: each direction computes its projection itself, chunk by chunk, in
-            # single-threaded products (no helper); else all at once before
-            projT = None if chunked else self._projection_t(w, bias, xsni, p)  # (D, 4H, S, N)
-            finals = [None] * D
-
-            def run_dir(d):
-                r = runs[d]
-                src = (_ChunkedProjection(w[d], bias_d[d], xsni, r.product, r.reverse, Y is not None)
-                       if chunked else _FullProjection(projT[d]))
-                try:
-                    finals[d] = r(src, h0[d].T, c0[d].T, None if peep is None else peep[d], Y)
-                finally:
-                    if chunked:
-                        src.release()
-
-            if D == 2 and runs[0].product.blocks is not None:  # single-threaded products: two threads
-                parallel_ranges(2, 1, lambda lo, hi: [run_dir(d) for d in range(lo, hi)])
-            else:
-                for d in range(D):
-                    run_dir(d)
-        results = [self.from_compute(Y, p["x"].data_type) if want_y else None]
-        for k in (1, 2):
+        results = [self.from_compute(Y, p["x"].data_type) if Y is not None else None]
+        for k, finals in ((1, final_h), (2, final_c)):
             if not self.wants_output(k):
                 results.append(None)
                 continue
-            st = xp.stack([f[k - 1].T for f in finals], axis=0)  # (D, N, H)
+            st = xp.stack(finals, axis=0)  # (D, N, H)
             if p["layout"] == 1:
                 st = st.transpose(1, 0, 2)
             results.append(self.from_compute(xp.ascontiguousarray(st), p["x"].data_type))
         return self.Result(*results)
 
-    def _pipelined(self, run, w, bias, xsni, h0, c0, peep, Y):
-        """One direction whose input projection a helper thread computes alongside; the
-        final (h, c)."""
-        src = _ChunkedProjection(w, bias, xsni, run.product, run.reverse, Y is not None)
-        fin = []
 
-        def work(lo, hi):
-            if lo == 0:  # the calling thread runs the recurrence (taking chunks not yet started)
-                try:
-                    fin.append(run(src, h0[0].T, c0[0].T, None if peep is None else peep[0], Y))
-                finally:
-                    src.abandon()
-            if hi == 2:
-                src.produce()
-
-        try:
-            parallel_ranges(2, 1, work)
-        finally:
-            src.release()
-        return fin[0]
-
-    def _scaled(self, a, scale):
-        """a (D, 4H, ...) with the rows of direction d multiplied by scale[d] (None: as is);
-        a copy when any is scaled."""
-        if all(s is None for s in scale):
-            return a
-        xp = self.xp
-        out = host_empty(a.shape, a.dtype, min_bytes=1 << 16) if xp is np else xp.empty_like(a)
-        for d, s in enumerate(scale):
-            if s is None:
-                out[d] = a[d]
-            else:
-                xp.multiply(a[d], s.reshape((-1,) + (1,) * (a.ndim - 2)), out=out[d])
-        return out
-
-    def _steps_major(self, p, cdt):
-        """X as an (S, N, I) compute array (a view for layout 1)."""
-        xc = self.to_compute(p["x"], cdt)
-        return xc.transpose(1, 0, 2) if p["layout"] == 1 else xc
-
-    def _projection_t(self, w, bias, xsni, p):
-        """W @ X^T (+ Wb + Rb) for every step and direction: (D, 4H, S, N) compute array."""
-        xp = self.xp
-        S, N, I, D, GH = p["S"], p["N"], p["I"], p["D"], 4 * p["H"]
-        projT = xp.matmul(w.reshape(D * GH, I), xsni.reshape(S * N, I).T)  # (D*GH, S*N)
-        if bias is not None:
-            projT += bias.reshape(D * GH, 1)
-        return projT.reshape(D, GH, S, N)
+def _lstm_reference(kernel, p, acts, clip, coupled):
+    """The LSTM layer with xp: Y (compute array in the output layout, None when not
+    wanted) and the final h and c of each direction, (N, H) each."""
+    xp = kernel.xp
+    cdt = kernel.to_compute(p["x"]).dtype
+    S, N, H, D = p["S"], p["N"], p["H"], p["D"]
+    c0_t, p_t = p["extras"]
+    proj = kernel._projection(p, cdt)  # (D, S, N, 4H)
+    if not p["b"].is_absent:
+        b = kernel.to_compute(p["b"], cdt)
+        proj = proj + (b[:, :4 * H] + b[:, 4 * H:])[:, None, None, :]
+    R_ = kernel.to_compute(p["r"], cdt)
+    peep = kernel.to_compute(p_t, cdt) if not p_t.is_absent else None
+    h0 = kernel._state(p["h0"], p, cdt)
+    c0 = kernel._state(c0_t, p, cdt)
+    want_y = kernel.wants_output(0)
+    clipped = kernel._clip
+    Ys, final_h, final_c = [], [], []
+    for d, reverse in enumerate(p["dirs"]):
+        idx, valid = kernel._step_order(p, reverse)
+        xs = kernel._gather_steps(proj[d], idx, reverse)
+        f, g, hf = acts[d]
+        Rt = xp.ascontiguousarray(R_[d].T)  # (H, 4H)
+        if peep is not None:
+            pi, po, pf = peep[d, :H], peep[d, H:2 * H], peep[d, 2 * H:]
+        h, c = h0[d], c0[d]
+        out = xp.zeros((S, N, H), dtype=cdt) if want_y else None
+        for s in range(S):
+            gates = xp.matmul(h, Rt)
+            gates += xs[s]
+            gi, go, gf, gc = gates[:, :H], gates[:, H:2 * H], gates[:, 2 * H:3 * H], gates[:, 3 * H:]
+            if peep is not None:
+                gi += pi * c
+                gf += pf * c
+            i = f.inplace(xp, clipped(xp, gi, clip))
+            fg = 1 - i if coupled else f.inplace(xp, clipped(xp, gf, clip))
+            cand = g.inplace(xp, clipped(xp, gc, clip))
+            cn = fg * c
+            cn += i * cand
+            if peep is not None:
+                go += po * cn
+            o = f.inplace(xp, clipped(xp, go, clip))
+            hn = hf(xp, cn)
+            hn *= o
+            if valid is not None:
+                cn = xp.where(valid[s], cn, c)
+            hn, h = _step(xp, valid, s, hn, h)
+            c = cn
+            if want_y:
+                out[s] = hn
+        Ys.append(out)
+        final_h.append(h)
+        final_c.append(c)
+    Y = None
+    if want_y:
+        per_dir = [kernel._gather_steps(Ys[d], kernel._step_order(p, rev)[0], rev)
+                   for d, rev in enumerate(p["dirs"])]
+        Y = xp.stack(per_dir, axis=1)  # (S, D, N, H)
+        if p["layout"] == 1:
+            Y = Y.transpose(2, 0, 1, 3)  # (N, S, D, H)
+        Y = xp.ascontiguousarray(Y)
+    return Y, final_h, final_c

@@ -19,6 +19,7 @@ from ... import dtypes
 from ...limits import check_allocation
 from ...xp import parallel_ranges
 from ..base import KernelBase, register
+from ..specialize import specialize
 
 
 def _scalar_int(kernel, value, name, named):
@@ -65,7 +66,9 @@ def _transform(xp, sig, n, ax, inverse, onesided, is_complex):
     return out
 
 
-def _host_split(sig, transform):
+@specialize("DFT.transform", device="cpu", ops=("DFT",),
+            when=lambda sig, ax, transform: ax != 0 and sig.shape[0] > 1 and sig.size >= _THREAD_ITEMS)
+def _host_split(sig, ax, transform):
     """transform(sig) with the signals of axis 0 split over host threads (NumPy's FFT
     releases the GIL); each thread gets _THREAD_ITEMS elements or more."""
     parts = {}
@@ -117,10 +120,11 @@ class DFT(KernelBase):
         xp = self.xp
         xc = self.to_compute(x)
         sig, is_complex = _to_complex(xp, xc)
-        if xp is np and ax != 0 and sig.shape[0] > 1 and sig.size >= _THREAD_ITEMS:
-            out = _host_split(sig, lambda part: _transform(xp, part, n, ax, inverse, onesided, is_complex))
-        else:
-            out = _transform(xp, sig, n, ax, inverse, onesided, is_complex)
+        def transform(part):
+            return _transform(xp, part, n, ax, inverse, onesided, is_complex)
+
+        fast = self.specialized("DFT.transform", sig, ax, transform)
+        out = fast(sig, ax, transform) if fast is not None else transform(sig)
         return self.from_compute(out.astype(xc.dtype, copy=False), x.data_type)
 
 

@@ -10,7 +10,8 @@ import onnx
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import host_empty, is_cupy_array, parallel_ranges, to_host
+from ...xp import host_empty, in_namespace, is_cupy_array, parallel_ranges, to_host
+from ..specialize import specialize
 
 
 def host_ints(kernel, t: Tensor, name: str) -> list[int]:
@@ -106,44 +107,32 @@ def product(shape) -> int:
 
 def on(xp, array):
     """array in namespace xp (host copy for numpy, device copy for cupy)."""
-    if xp is np:
-        return to_host(array)
-    return xp.asarray(array)
-
-
-def assign_rows_last_wins(xp, target, rows, values) -> None:
-    """In place: target[rows] = values for a 2-D target (R, S), rows (M,), values (M, S);
-    for repeated rows the one that comes last wins, on NumPy and CuPy alike."""
-    if xp is np:
-        target[rows] = values  # NumPy assigns in order: the last one wins
-        return
-    if rows.size == 0:
-        return
-    import cupyx
-
-    # CUDA has no 64-bit signed atomicMax: rank the updates 1..M as uint64 (0 = none)
-    order = xp.arange(1, rows.size + 1, dtype=xp.uint64)
-    winner = xp.zeros(target.shape[0], dtype=xp.uint64)
-    cupyx.scatter_max(winner, rows, order)
-    keep = winner[rows] == order
-    target[rows[keep]] = values[keep]
+    return in_namespace(xp, array)
 
 
 TRANSPOSE_TILE = 64  # elements of the output's last axis copied per pass of a tiled transpose
 
 
-def permuted_copy(xp, view):
-    """A C-contiguous copy of ``view`` (typically a transposed view).
+def permuted_copy(kernel, xp, view):
+    """A C-contiguous copy of ``view`` (typically a transposed view) in namespace xp."""
+    fast = kernel.specialized("Transpose.copy", view)
+    if fast is not None:
+        return fast(view)
+    return xp.ascontiguousarray(view)
 
-    On the host, when the output's last axis reads the input with a large stride, the copy
-    runs in slices of TRANSPOSE_TILE along that axis: each pass then reuses the input cache
-    lines it touches for the next output rows instead of evicting them (several times
-    faster for big 2-D-like transposes).  On a GPU it is one ascontiguousarray."""
-    if xp is not np or view.ndim < 2 or view.flags.c_contiguous:
-        return xp.ascontiguousarray(view)
+
+def _tiles_pay(view) -> bool:
+    return (view.ndim >= 2 and not view.flags.c_contiguous and view.shape[-1] >= 2 * TRANSPOSE_TILE
+            and view.size >= (1 << 20) and abs(view.strides[-1]) >= 128)
+
+
+@specialize("Transpose.copy", device="cpu", ops=("Transpose", "GridSample"), when=_tiles_pay)
+def _permuted_copy_host(view):
+    """permuted_copy on the host when the output's last axis reads the input with a large
+    stride: the copy runs in slices of TRANSPOSE_TILE along that axis, so that each pass
+    reuses the input cache lines it touches for the next output rows instead of evicting
+    them (several times faster for big 2-D-like transposes), over the host threads."""
     n = view.shape[-1]
-    if n < 2 * TRANSPOSE_TILE or view.size < (1 << 20) or abs(view.strides[-1]) < 128:
-        return np.ascontiguousarray(view)
     out = host_empty(view.shape, view.dtype)
 
     def rows(lo, hi):  # output rows [lo, hi) of axis 0, tile by tile

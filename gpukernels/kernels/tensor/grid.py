@@ -16,9 +16,11 @@ weight 0.  On the host, linear and cubic modes gather all taps of a block of cha
 one batch entry straight from the channels-first input with one np.take along the
 flattened spatial axis (the output points run along the contiguous axis), and one einsum
 sums them with their weights into the output rows; work units (groups of batch entries,
-or channel blocks of a single entry) go to the host threads as they come free.
-Elsewhere (nearest, a GPU) the input is transposed to channels-last once, one gather fetches the channel vectors of every tap of a chunk of output points,
-one einsum sums them with their weights, and the result is transposed back once.
+or channel blocks of a single entry) go to the host threads as they come free (the
+specialisation "GridSample.sample").  The reference (nearest, a GPU) transposes the input
+to channels-last once; one gather fetches the channel vectors of every tap of a chunk of
+output points, one einsum sums them with their weights, and the result is transposed
+back once.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from ... import dtypes
 from ...dtypes import DataType
 from ...limits import check_allocation
 from ...tensor import Tensor
-from ...xp import host_blocks
+from ...xp import host_blocks, in_namespace
 from ..base import KernelBase, register
+from ..specialize import specialize
 from ._common import host_ints, permuted_copy, product, xp_for
 
 _MODE_ALIASES = {"bilinear": "linear", "bicubic": "cubic"}
@@ -88,7 +91,8 @@ def _taps(xp, gc, S, mode, padding_mode, align_corners):
                 w = xp.where(v, w, 0)
         elif padding_mode == "reflection":
             p = xp.trunc(_reflect(xp, p, lo, hi))
-        idx = xp.clip(p, 0, L - 1).astype(xp.int64) * product(S[k + 1:])
+        # a NaN coordinate reads index 0 (under zeros padding with weight 0 / invalid)
+        idx = xp.clip(xp.where(xp.isnan(p), 0, p), 0, L - 1).astype(xp.int64) * product(S[k + 1:])
         shape = (1,) * k + (T,) + (1,) * (r - 1 - k) + (N, M)
         lin = lin + idx.reshape(shape)
         if w is not None:
@@ -150,6 +154,8 @@ def _host_units(units: int, work: int, fn) -> None:
     host_blocks(units, 1, lambda u, _: fn(u), threads=max(1, work // _THREAD_WORK))
 
 
+@specialize("GridSample.sample", device="cpu", ops=("GridSample",), when=lambda mode: mode != "nearest",
+            agreement="rtol 1e-5 (float32): the taps summed by one einsum per channel block")
 def _sample_host(src, gc, S, mode, padding_mode, align_corners, out_dtype):
     """Linear/cubic GridSample on the host: out (N, C, M) from src (N, C, P) and grid
     points gc (N, M, r).
@@ -272,8 +278,7 @@ class GridSample(KernelBase):
             fill = np.full(out_shape, "", object) if info.kind == "string" else xp.zeros(out_shape, x.array.dtype)
             return Tensor.wrap(fill, x.data_type)
         gc = self.to_compute(g)
-        if xp is np and not isinstance(gc, np.ndarray):
-            gc = gc.get()
+        gc = in_namespace(xp, gc)  # STRING X: host arrays whatever the device
         work = np.float64 if gc.dtype == np.float64 or x.array.dtype in (np.float64, np.complex128) else np.float32
         gc = gc.astype(work).reshape(N, M, r)
         P = product(S)
@@ -283,22 +288,23 @@ class GridSample(KernelBase):
             src = x.array if mode == "nearest" else x.array.astype(np.float64)
         else:
             src = self.to_compute(x)
-        if xp is np and mode != "nearest":
-            res = _sample_host(src.reshape(N, C, P), gc, S, mode, padding_mode, align_corners,
-                               np.result_type(src.dtype, work))
+        fast = self.specialized("GridSample.sample", mode)
+        if fast is not None:
+            res = fast(src.reshape(N, C, P), gc, S, mode, padding_mode, align_corners,
+                       np.result_type(src.dtype, work))
             return self._finish(xp, res.reshape(out_shape), info, x.data_type)
         lin, weight, valid = _taps(xp, gc, S, mode, padding_mode, align_corners)
         # (N * M, K): the taps of one output point side by side, as rows of (N * P, C)
         lin = lin + (xp.arange(N, dtype=xp.int64) * P).reshape(N, 1)
         lin = xp.ascontiguousarray(lin.reshape(K, N * M).T)
         # channels-last rows: every tap fetches a whole channel vector with one gather
-        xt = permuted_copy(xp, src.reshape(N, C, P).transpose(0, 2, 1)).reshape(N * P, C)
+        xt = permuted_copy(self, xp, src.reshape(N, C, P).transpose(0, 2, 1)).reshape(N * P, C)
         if mode == "nearest":
             acc = xp.take(xt, lin.reshape(-1), axis=0)
             if valid is not None:
                 zero = "" if info.kind == "string" else xp.asarray(0, dtype=acc.dtype)
                 acc = xp.where(valid.reshape(-1, 1), acc, zero)
-            res = permuted_copy(xp, acc.reshape(N, M, C).transpose(0, 2, 1)).reshape(out_shape)
+            res = permuted_copy(self, xp, acc.reshape(N, M, C).transpose(0, 2, 1)).reshape(out_shape)
         else:
             wk = xp.ascontiguousarray(weight.reshape(K, N * M).T)
             acc = xp.empty((N * M, C), dtype=np.result_type(src.dtype, work))
@@ -306,11 +312,8 @@ class GridSample(KernelBase):
             for r0 in range(0, N * M, rows):
                 g = xp.take(xt, lin[r0:r0 + rows].reshape(-1), axis=0).reshape(-1, K, C)
                 # acc[m, c] = sum_k w[m, k] * g[m, k, c]
-                if xp is np:
-                    np.einsum("mk,mkc->mc", wk[r0:r0 + rows], g, out=acc[r0:r0 + rows])
-                else:
-                    acc[r0:r0 + rows] = xp.einsum("mk,mkc->mc", wk[r0:r0 + rows], g)
-            res = permuted_copy(xp, acc.reshape(N, M, C).transpose(0, 2, 1)).reshape(out_shape)
+                acc[r0:r0 + rows] = xp.einsum("mk,mkc->mc", wk[r0:r0 + rows], g)
+            res = permuted_copy(self, xp, acc.reshape(N, M, C).transpose(0, 2, 1)).reshape(out_shape)
         if mode == "nearest":
             return Tensor.wrap(res, x.data_type)
         return self._finish(xp, res, info, x.data_type)

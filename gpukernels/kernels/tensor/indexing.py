@@ -18,6 +18,7 @@ from ...limits import check_allocation
 from ...tensor import Tensor
 from ...xp import host_empty, parallel_ranges
 from ..base import KernelBase, register
+from ..specialize import specialize
 from ._common import deliver, host_ints, norm_axis, on, product, xp_for
 
 
@@ -49,22 +50,24 @@ class Gather(KernelBase):
         ax = norm_axis(self, axis, x.ndim, data=x, indices=i)
         xp = xp_for(self, x)
         idx = checked_indices(self, xp, on(xp, i.array), x.shape[ax], data=x, indices=i)
-        if xp is np and x.array.dtype != object:
-            res = _host_take(x.array, idx, ax)
-        else:
-            res = xp.take(x.array, idx, axis=ax)
+        fast = self.specialized("Gather.take", x.array, idx, ax)
+        res = fast(x.array, idx, ax) if fast is not None else xp.take(x.array, idx, axis=ax)
         return deliver(self, Tensor.wrap(res, x.data_type), out)
 
 
 _TAKE_THREAD_BYTES = 1 << 20  # output bytes per host thread before a gather is split
 
 
+def _take_bytes(data, idx, ax) -> int:
+    return int(np.prod(data.shape[:ax] + idx.shape + data.shape[ax + 1:], dtype=np.int64)) * data.itemsize
+
+
+@specialize("Gather.take", device="cpu", ops=("Gather",),
+            when=lambda data, idx, ax: data.dtype != object and _take_bytes(data, idx, ax) >= 2 * _TAKE_THREAD_BYTES)
 def _host_take(data, idx, ax):
     """numpy.take(data, idx, axis=ax) with the output rows split over host threads (the
     indices are checked and non-negative already)."""
     shape = data.shape[:ax] + idx.shape + data.shape[ax + 1:]
-    if int(np.prod(shape, dtype=np.int64)) * data.itemsize < 2 * _TAKE_THREAD_BYTES:
-        return np.take(data, idx, axis=ax)
     out = host_empty(shape, data.dtype)
     if ax == 0:
         flat = idx.reshape(-1)

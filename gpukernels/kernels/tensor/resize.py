@@ -37,6 +37,7 @@ from ...dtypes import DataType
 from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
+from ..specialize import specialize
 from ._common import host_floats, host_ints, norm_axes, product, xp_for
 
 COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -201,29 +202,38 @@ def _split(arr, axis: int):
     return product(arr.shape[:axis]), arr.shape[axis], product(arr.shape[axis + 1:])
 
 
-def apply_band(xp, arr, axis: int, taps: AxisTaps, work):
-    """Interpolate a finite real array along axis with one matmul per block of outputs
-    (its weight block against the input window it reads): BLAS does the multiply-adds."""
+def apply_band(arr, axis: int, taps: AxisTaps, work):
+    """Interpolate a finite real host array along axis with one matmul per block of
+    outputs (its weight block against the input window it reads): BLAS does the
+    multiply-adds, writing straight into the strided output block."""
     lead, n_in, trail = _split(arr, axis)
     blocks = taps.cast(work)[1]
     if trail == 1:
         src = arr.reshape(lead, n_in)
-        out = xp.empty((lead, taps.n_out), dtype=arr.dtype)
+        out = np.empty((lead, taps.n_out), dtype=arr.dtype)
         for o0, o1, a, b, _, mt in blocks:
-            _matmul_into(xp, src[:, a:b], xp.asarray(mt), out[:, o0:o1])
+            np.matmul(src[:, a:b], mt, out=out[:, o0:o1])
     else:
         src = arr.reshape(lead, n_in, trail)
-        out = xp.empty((lead, taps.n_out, trail), dtype=arr.dtype)
+        out = np.empty((lead, taps.n_out, trail), dtype=arr.dtype)
         for o0, o1, a, b, m, _ in blocks:
-            _matmul_into(xp, xp.asarray(m), src[:, a:b, :], out[:, o0:o1, :])
+            np.matmul(m, src[:, a:b, :], out=out[:, o0:o1, :])
     return out.reshape(arr.shape[:axis] + (taps.n_out,) + arr.shape[axis + 1:])
 
 
-def _matmul_into(xp, a, b, out):
-    if xp is np:
-        np.matmul(a, b, out=out)  # BLAS writes straight into the strided block
-    else:
-        out[...] = xp.matmul(a, b)
+@specialize("Resize.interpolate", device="cpu", ops=("Resize", "Upsample"),
+            when=lambda arr, plans, work: arr.dtype.kind == "f" and arr.size > 0,
+            agreement="rtol 1e-5 (float32): banded matmuls instead of tap-by-tap adds")
+def _interpolate_host(arr, plans, work):
+    """Every planned axis of a real host array: finite data through BLAS (banded
+    blocks) where that pays, else tap by tap, in the order of least work."""
+    for a in axis_order(arr.shape, plans, True):
+        lead_trail = arr.size // max(arr.shape[a], 1)
+        if plans[a].band_pays and lead_trail >= _BAND_MIN_ROWS and _finite(np, arr):
+            arr = apply_band(arr, a, plans[a], work)
+        else:
+            arr = apply_taps(np, arr, a, plans[a], work)
+    return arr
 
 
 def apply_taps(xp, arr, axis: int, taps: AxisTaps, work):
@@ -309,14 +319,13 @@ class _ResizeCore(KernelBase):
                                  bool(antialias), float(cubic_coeff_a), bool(exclude_outside))
             if plans[a].extra is not None:
                 extra_masks.append((a, plans[a].extra))
-        # On the host, finite real data goes through BLAS (banded blocks); otherwise, and on
-        # a GPU where a few gathers beat many small matmuls, tap by tap.
-        band = xp is np and arr.dtype.kind == "f" and arr.size > 0
-        for a in axis_order(arr.shape, plans, band):
-            lead_trail = arr.size // max(arr.shape[a], 1)
-            if band and plans[a].band_pays and lead_trail >= _BAND_MIN_ROWS and _finite(xp, arr):
-                arr = apply_band(xp, arr, a, plans[a], work)
-            else:
+        # tap by tap (a GPU: a few gathers beat many small matmuls); on the host the
+        # specialisation "Resize.interpolate" sends finite real data through BLAS
+        fast = self.specialized("Resize.interpolate", arr, plans, work)
+        if fast is not None:
+            arr = fast(arr, plans, work)
+        else:
+            for a in axis_order(arr.shape, plans, False):
                 arr = apply_taps(xp, arr, a, plans[a], work)
         if extra_masks:
             mask = None
@@ -327,9 +336,7 @@ class _ResizeCore(KernelBase):
             if mode == "nearest":
                 from .cast import cast_tensor
 
-                fill = cast_tensor(self, Tensor(np.array(fill)), x.data_type).array.reshape(())
-                if xp is not np:
-                    fill = xp.asarray(fill)
+                fill = xp.asarray(cast_tensor(self, Tensor(np.array(fill)), x.data_type).array.reshape(()))
             arr = xp.where(mask, fill, arr).astype(arr.dtype)
         if mode == "nearest":
             return Tensor.wrap(arr if arr is not x.array else arr.copy(), x.data_type)

@@ -18,30 +18,43 @@ import numpy as np
 from ... import dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import copy_array, parallel_ranges, scatter_assign_last_wins, scatter_reduce
+from ...xp import assign_rows_last_wins, copy_array, parallel_ranges, scatter_assign_last_wins, scatter_reduce
 from ..base import KernelBase, register
-from ._common import assign_rows_last_wins, host_ints, norm_axis, on, product, xp_for
+from ..specialize import specialize
+from ._common import host_ints, norm_axis, on, product, xp_for
 from .indexing import checked_indices, nd_linear_index
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 _PARALLEL_ASSIGN = 1 << 20  # elements of updates per host thread worth a parallel row assignment
 
 
-def _assign_rows(xp, target, rows, values) -> None:
-    """target[rows] = values (2-D target, whole rows), the last of repeated rows winning.
-
-    On the host, when the rows are distinct (checked on a sorted copy of the row indices,
-    cheap next to moving the rows) and the updates are large, the order does not matter:
-    contiguous slices of the updates are assigned by the host threads."""
+def _distinct_large(target, rows, values) -> bool:
+    """Whether the updates are large and their rows distinct (checked on a sorted copy of
+    the row indices, cheap next to moving the rows)."""
     m, s = values.shape
-    if xp is np and m > 1 and m * s >= 2 * _PARALLEL_ASSIGN and s >= 64:
-        srt = np.sort(rows)
-        if not (srt[1:] == srt[:-1]).any():
-            def run(lo, hi):
-                target[rows[lo:hi]] = values[lo:hi]
+    if not (m > 1 and m * s >= 2 * _PARALLEL_ASSIGN and s >= 64):
+        return False
+    srt = np.sort(rows)
+    return not (srt[1:] == srt[:-1]).any()
 
-            parallel_ranges(m, max(1, _PARALLEL_ASSIGN // s), run)
-            return
+
+@specialize("ScatterND.assign_rows", device="cpu", ops=("ScatterND",), when=_distinct_large)
+def _assign_rows_host(target, rows, values) -> None:
+    """_assign_rows for distinct rows: the order does not matter, so contiguous slices of
+    the updates are assigned by the host threads."""
+    m, s = values.shape
+
+    def run(lo, hi):
+        target[rows[lo:hi]] = values[lo:hi]
+
+    parallel_ranges(m, max(1, _PARALLEL_ASSIGN // s), run)
+
+
+def _assign_rows(kernel, xp, target, rows, values) -> None:
+    """target[rows] = values (2-D target, whole rows), the last of repeated rows winning."""
+    fast = kernel.specialized("ScatterND.assign_rows", target, rows, values)
+    if fast is not None:
+        return fast(target, rows, values)
     assign_rows_last_wins(xp, target, rows, values)
 
 
@@ -81,16 +94,12 @@ def _reduce(kernel, xp, x: Tensor, u: Tensor, flat_index, reduction: str) -> Ten
         vals = kernel.to_compute(u).reshape(-1)
         scatter_reduce(xp, out.reshape(-1), flat_index, vals, reduction)
         return kernel.from_compute(out, x.data_type)
-    # integers: on a GPU atomics exist for 32/64-bit only -> widen (wrap is preserved)
+    # integers (scatter_reduce widens what CuPy's atomics lack; wrap-around is kept)
     work = info.storage
-    if xp is not np and work.itemsize < 4:
-        work = np.dtype(np.int64 if work.kind == "i" else np.uint64)
     out = x.array.astype(work)
     vals = u.array.reshape(-1).astype(work)
     scatter_reduce(xp, out.reshape(-1), flat_index, vals, reduction)
-    from .cast import wrap_int
-
-    res = wrap_int(xp, out, info.storage, info.bits) if out.dtype != info.storage else out
+    res = out
     if info.is_exotic and not kernel.on_gpu:
         res = res.view(info.numpy)
     return Tensor.wrap(res, x.data_type)
@@ -180,7 +189,7 @@ class ScatterND(KernelBase):
         rows = nd_linear_index(self, xp, on(xp, i.array).reshape(m, k), x.shape[:k], **named)
         if red == "none":
             out = copy_array(x.array)  # host: a threaded copy
-            _assign_rows(xp, out.reshape(-1, s), rows, u.array.reshape(m, s))
+            _assign_rows(self, xp, out.reshape(-1, s), rows, u.array.reshape(m, s))
             return Tensor.wrap(out, x.data_type)
         flat = (rows[:, None] * s + xp.arange(s, dtype=xp.int64)[None, :]).reshape(-1)
         return _reduce(self, xp, x, u, flat, red)

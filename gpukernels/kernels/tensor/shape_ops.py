@@ -242,7 +242,7 @@ class Transpose(KernelBase):
         view = x.array.transpose(p)
         if out is not None:
             return deliver(self, Tensor.wrap(view, x.data_type), out)
-        return Tensor.wrap(permuted_copy(xp, view), x.data_type)
+        return Tensor.wrap(permuted_copy(self, xp, view), x.data_type)
 
 
 @register()

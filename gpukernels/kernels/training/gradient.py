@@ -18,10 +18,10 @@ Exp, Log, Sqrt, Abs, Identity.  Others on the path raise a KernelInputError nami
 A name in xs that y does not depend on gets a zero gradient.
 
 The kernel needs the enclosing graph: the runtime sets ``self.outer_scope`` (the class
-says ``needs_outer_scope = True``) and ``gpukernels.runtime.graph_of(scope)`` returns
-the prepared graph (its ``.graph`` is the GraphProto).  ``Gradient.scope_reads(node,
-graph)`` lists the values it reads through the scope, which the runtime must not free
-before the node runs.  ``differentiate`` is the same computation as a plain function.
+says ``needs_outer_scope = True``) and the installed SubgraphRunner's
+``graph_of(scope)`` returns its GraphProto (gpukernels.kernels.subgraphs).
+``Gradient.scope_reads(node, graph)`` lists the values it reads through the scope, which
+the runtime must not free before the node runs.  ``differentiate`` is the same computation as a plain function.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from onnx import helper
 from ...dtypes import DataType
 from ...tensor import Tensor
 from ..base import KernelBase, register
+from ..subgraphs import runner
 
 
 def _unbroadcast(xp, g, shape):
@@ -230,10 +231,7 @@ class Gradient(KernelBase):
         if scope is None:
             raise self.error("Gradient needs the enclosing graph: run it inside a graph (the runtime sets "
                              "outer_scope), or call gpukernels.kernels.training.gradient.differentiate")
-        from ...runtime import graph_of
-
-        prepared = graph_of(scope)
-        graph = getattr(prepared, "graph", prepared)
+        graph = runner().graph_of(scope)
         if not isinstance(graph, onnx.GraphProto):
             raise self.error("the enclosing scope has no GraphProto to differentiate")
         values = dict(zip(xs + zs, ts))

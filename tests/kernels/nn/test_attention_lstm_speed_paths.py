@@ -22,6 +22,9 @@ from gpukernels.kernels.nn import recurrent
 from gpukernels.kernels.nn.attention import Attention
 from gpukernels.kernels.nn.recurrent import LSTM
 
+# these tests check the host specialisations themselves
+pytestmark = pytest.mark.usefixtures("default_paths")
+
 # ---------------------------------------------------------------------------- Attention
 
 

@@ -25,6 +25,9 @@ from gpukernels.kernels.nn.rotary import RotaryEmbedding
 from test_attention import naive
 from test_rotary import caches
 
+# these tests check the host specialisations themselves
+pytestmark = pytest.mark.usefixtures("default_paths")
+
 
 # ---------------------------------------------------------------------------- references
 

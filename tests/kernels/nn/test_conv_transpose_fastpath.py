@@ -111,8 +111,8 @@ def test_phase_forward_direct(rng, case):
 def test_phase_path_chosen_for_benchmark_shape():
     x = np.zeros((1, 64, 28, 28), np.float32)
     w = np.zeros((64, 32, 4, 4), np.float32)
-    assert ct._phase_applies(x, w, 1, [2, 2], [1, 1], [1, 1, 1, 1], [56, 56])
-    assert not ct._phase_applies(x.astype(np.float16), w, 1, [2, 2], [1, 1], [1, 1, 1, 1], [56, 56])
+    assert ct._phase_applies(x, w, None, 1, [2, 2], [1, 1], [1, 1, 1, 1], [56, 56])
+    assert not ct._phase_applies(x.astype(np.float16), w, None, 1, [2, 2], [1, 1], [1, 1, 1, 1], [56, 56])
 
 
 def test_phase_path_row_chunks(device, rng, monkeypatch):

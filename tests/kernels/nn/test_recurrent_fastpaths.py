@@ -19,6 +19,9 @@ from gpukernels.kernels import KernelContext
 from gpukernels.kernels.nn import recurrent
 from gpukernels.kernels.nn.recurrent import LSTM
 
+# these tests check the host specialisations themselves
+pytestmark = pytest.mark.usefixtures("default_paths")
+
 
 def _sig(x):
     return 1 / (1 + np.exp(-x))

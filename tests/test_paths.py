@@ -1,0 +1,337 @@
+"""The option ``paths`` and the registry of specialisations (gpukernels.kernels.specialize).
+
+* 'auto' / 'reference' from the context option or GPUKERNELS_PATHS (the option wins), an
+  OptionError for anything else, and the hand-written CUDA kernels off under 'reference';
+* every registered specialisation has a parity case below: the operator runs on the same
+  random inputs through the specialisation (paths='auto', which must choose it) and
+  through the reference (paths='reference', which must choose nothing); the two agree
+  within the stated tolerance and, for float32 cases, both agree with the reference path
+  run in float64.  A new specialisation without a case here fails
+  test_every_specialisation_has_a_parity_case.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from gpukernels.errors import OptionError
+from gpukernels.kernels import KernelContext, specialize
+from gpukernels.kernels.base import KernelBase, lookup
+from gpukernels.tensor import Tensor
+
+AUTO = {"paths": "auto"}
+REFERENCE = {"paths": "reference"}
+
+
+# ------------------------------------------------------------------ option and env
+
+
+def test_default_is_auto(monkeypatch):
+    monkeypatch.delenv("GPUKERNELS_PATHS", raising=False)
+    assert KernelContext().paths == "auto"
+
+
+@pytest.mark.parametrize("value", ["auto", "reference", "Reference", " auto "])
+def test_option(monkeypatch, value):
+    monkeypatch.delenv("GPUKERNELS_PATHS", raising=False)
+    assert KernelContext(options={"paths": value}).paths == value.strip().lower()
+
+
+def test_environment_and_option_precedence(monkeypatch):
+    monkeypatch.setenv("GPUKERNELS_PATHS", "reference")
+    assert KernelContext().paths == "reference"
+    assert KernelContext(options=AUTO).paths == "auto"  # the option wins
+    monkeypatch.setenv("GPUKERNELS_PATHS", "")
+    assert KernelContext().paths == "auto"
+
+
+@pytest.mark.parametrize("value", ["fast", 1, None, True, ""])
+def test_bad_option_value(monkeypatch, value):
+    monkeypatch.delenv("GPUKERNELS_PATHS", raising=False)
+    with pytest.raises(OptionError, match="option 'paths' must be one of 'auto', 'reference'"):
+        KernelContext(options={"paths": value})
+
+
+def test_bad_environment_value(monkeypatch):
+    monkeypatch.setenv("GPUKERNELS_PATHS", "fastest")
+    with pytest.raises(OptionError, match="GPUKERNELS_PATHS must be one of"):
+        KernelContext()
+    assert KernelContext(options=REFERENCE).paths == "reference"  # not read when the option is given
+
+
+def test_option_is_listed():
+    from gpukernels.kernels.base import OPTIONS
+
+    assert "GPUKERNELS_PATHS" in OPTIONS["paths"]
+
+
+def test_session_option(monkeypatch):
+    from gpukernels.runtime.session import Session
+
+    monkeypatch.delenv("GPUKERNELS_PATHS", raising=False)
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=-1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1100])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1100])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = np.random.default_rng(0).standard_normal((64, 1100)).astype(np.float32)
+    results = {}
+    for paths in ("auto", "reference"):
+        with specialize.recording() as chosen:
+            results[paths] = Session(model, options={"paths": paths}).run(None, {"x": x})[0]
+        assert bool(chosen) == (paths == "auto")
+    np.testing.assert_allclose(results["auto"], results["reference"], rtol=1e-6, atol=1e-7)
+    with pytest.raises(OptionError):
+        Session(model, options={"paths": "none"})
+
+
+class _FakeCuda(KernelBase):
+    op_type = "Conv"
+    versions = (22,)
+
+
+@pytest.mark.parametrize("paths,cuda_kernels,expect", [
+    ("auto", "auto", "ran"), ("reference", "auto", None), ("reference", "never", None),
+    ("auto", "never", None), ("reference", "always", OptionError)])
+def test_cuda_kernels_follow_paths(monkeypatch, paths, cuda_kernels, expect):
+    """paths='reference' turns the hand-written CUDA kernels off, as cuda_kernels='never'
+    does; with cuda_kernels='always' the two options contradict each other."""
+    from gpukernels.gpu import accelerated
+
+    monkeypatch.setattr(accelerated, "get", lambda op: (lambda kernel, **kw: "ran"))
+    kernel = _FakeCuda(KernelContext("cuda", options={"paths": paths, "cuda_kernels": cuda_kernels}))
+    if expect is OptionError:
+        with pytest.raises(OptionError, match="contradict"):
+            kernel.cuda_path(X=None)
+    else:
+        assert kernel.cuda_path(X=None) == expect
+
+
+def test_specialized_needs_matching_device_and_condition(monkeypatch):
+    site = "_TestOp.step"
+    monkeypatch.setitem(specialize._SITES, site, ())
+    specialize.specialize(site, device="cuda", when=lambda n: n > 1)(lambda n: "cuda")
+    specialize.specialize(site, device="cpu", when=lambda n: n > 1)(lambda n: "cpu")
+    k = KernelBase.__new__(KernelBase)
+    k.ctx = KernelContext("cpu", options=AUTO)
+    assert k.specialized(site, 2)(2) == "cpu"
+    assert k.specialized(site, 1) is None
+    k.ctx = KernelContext("cpu", options=REFERENCE)
+    assert k.specialized(site, 2) is None
+    k.ctx = KernelContext("cuda", options=AUTO)
+    assert k.specialized(site, 2)(2) == "cuda"
+    with pytest.raises(ValueError):
+        specialize.specialize("nodot", device="cpu")
+    with pytest.raises(ValueError):
+        specialize.specialize("A.b", device="tpu")
+
+
+# ------------------------------------------------------------------ parity cases
+
+
+def _f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _run(op, options, inputs, attrs, opset=None, requested=None):
+    cls, version = lookup(op, "", opset)
+    kernel = cls(KernelContext("cpu", opset=opset, options=options))
+    kernel.requested_outputs = requested
+    return kernel(*inputs, **attrs)
+
+
+def _arrays(result):
+    if isinstance(result, Tensor):
+        return [result.numpy()]
+    return [None if t is None else t.numpy() for t in result]
+
+
+def _as64(value):
+    if isinstance(value, np.ndarray) and value.dtype == np.float32:
+        return value.astype(np.float64)
+    return value
+
+
+class Case:
+    """An operator call that reaches one specialisation on the cpu.  rtol/atol: how the
+    two paths agree (0: exactly); tol64: how each float32 result agrees with the
+    reference path in float64 (None: no float64 comparison); requested: the outputs a
+    node would declare (None: all); wide: as below."""
+
+    def __init__(self, op, make, attrs=None, rtol=0.0, atol=0.0, tol64=None, opset=None, requested=None,
+                 wide=None):
+        self.op, self.make, self.attrs = op, make, attrs or {}
+        self.rtol, self.atol, self.tol64, self.opset = rtol, atol, tol64, opset
+        self.requested = requested
+        self.wide = wide  # the inputs given in float64 for the float64 run (None: every float32 one)
+
+
+def _lstm_inputs(rng, S=20, N=4, I=24, H=40, D=1):
+    return [_f32(rng, S, N, I), _f32(rng, D, 4 * H, I, scale=0.3), _f32(rng, D, 4 * H, H, scale=0.3),
+            _f32(rng, D, 8 * H, scale=0.1), None, _f32(rng, D, N, H), _f32(rng, D, N, H)]
+
+
+def _int64(values):
+    return np.asarray(values, np.int64)
+
+
+_NO_QK = (True, True, True, False)  # a node that does not declare qk_matmul_output
+
+CASES = {
+    "Softmax.along:_softmax_last_axis_host": [
+        Case("Softmax", lambda r: [_f32(r, 64, 1100, scale=3.0)], {"axis": -1}, 1e-6, 1e-8, (1e-5, 1e-8)),
+        Case("Softmax", lambda r: [_f32(r, 16, 8, 700, scale=40.0)], {"axis": -1}, 1e-6, 1e-8, (1e-5, 1e-8)),
+    ],
+    "Softmax.along:_softmax_slices_host": [
+        Case("Softmax", lambda r: [_f32(r, 300, 40, 8, scale=3.0)], {"axis": 1}, 0, 0, (1e-5, 1e-8)),
+    ],
+    "LogSoftmax.along:_log_softmax_last_axis_host": [
+        Case("LogSoftmax", lambda r: [_f32(r, 64, 1100, scale=3.0)], {"axis": -1}, 1e-6, 1e-5, (1e-5, 1e-5)),
+    ],
+    "Reduce.rows:_reduce_rows_host": [
+        Case("ReduceSum", lambda r: [_f32(r, 64, 8192), _int64([1])], {"keepdims": 0}, 0, 0, (1e-4, 1e-4)),
+        Case("ReduceMax", lambda r: [_f32(r, 32, 64, 256), _int64([1, 2])], {}, 0, 0, (0, 0)),
+        Case("ReduceLogSumExp", lambda r: [_f32(r, 128, 4096), _int64([1])], {}, 0, 0, (1e-5, 1e-5)),
+    ],
+    "ArgMax.pick:_host_pick": [
+        Case("ArgMax", lambda r: [_f32(r, 512, 4096)], {"axis": 1}, 0, 0),
+        Case("ArgMin", lambda r: [_f32(r, 512, 4096)], {"axis": 0}, 0, 0),
+    ],
+    "LSTM.layer:lstm_host": [
+        Case("LSTM", lambda r: _lstm_inputs(r), {"hidden_size": 40}, 2e-5, 2e-6, (1e-4, 1e-5)),
+        Case("LSTM", lambda r: _lstm_inputs(r, S=40, N=2, H=64, D=2),
+             {"hidden_size": 64, "direction": "bidirectional"}, 2e-5, 2e-6, (1e-4, 1e-5)),
+        Case("LSTM", lambda r: _lstm_inputs(r, S=9, N=5, H=8, D=2)[:4] + [np.array([9, 3, 0, 7, 9], np.int32)]
+             + _lstm_inputs(r, S=9, N=5, H=8, D=2)[5:],
+             {"hidden_size": 8, "direction": "bidirectional", "clip": 1.5, "layout": 0}, 2e-5, 2e-6,
+             (1e-4, 1e-5)),
+        Case("LSTM", lambda r: _lstm_inputs(r, S=6, N=3, H=8) + [_f32(r, 1, 24, scale=0.3)],
+             {"hidden_size": 8, "input_forget": 1, "activations": ["HardSigmoid", "Tanh", "Softsign"]},
+             2e-5, 2e-6, (1e-4, 1e-5)),
+    ],
+    "Attention.blocks:_host_attention": [
+        Case("Attention", lambda r: [_f32(r, 2, 4, 33, 16), _f32(r, 2, 2, 45, 16), _f32(r, 2, 2, 45, 8)],
+             {}, 1e-5, 1e-6, (1e-4, 1e-5), requested=_NO_QK),
+        Case("Attention", lambda r: [_f32(r, 1, 4, 200, 32), _f32(r, 1, 4, 200, 32), _f32(r, 1, 4, 200, 32)],
+             {"is_causal": 1}, 1e-5, 1e-6, (1e-4, 1e-5), requested=_NO_QK),
+        # large scores: blocks redone with the max shift
+        Case("Attention", lambda r: [_f32(r, 1, 2, 17, 8, scale=30.0), _f32(r, 1, 2, 17, 8, scale=30.0),
+                                     _f32(r, 1, 2, 17, 8)], {}, 1e-5, 1e-5, (1e-4, 1e-4), requested=_NO_QK),
+    ],
+    "BatchNormalization.affine:_scale_shift_host": [
+        Case("BatchNormalization", lambda r: [_f32(r, 4, 16, 30, 30), _f32(r, 16), _f32(r, 16), _f32(r, 16),
+                                              np.abs(_f32(r, 16)) + 0.5], {}, 0, 0, (1e-5, 1e-5)),
+    ],
+    "LayerNormalization.rows:_normalize_rows_host": [
+        Case("LayerNormalization", lambda r: [_f32(r, 8, 50, 96, scale=2.0) + 3, _f32(r, 96), _f32(r, 96)],
+             {"axis": -1}, 1e-5, 1e-5, (1e-4, 1e-4)),
+        Case("RMSNormalization", lambda r: [_f32(r, 8, 50, 96, scale=2.0), _f32(r, 96)], {"axis": -1},
+             1e-5, 1e-5, (1e-4, 1e-4), opset=23),
+    ],
+    "Pool.windows:pool_windows": [
+        Case("MaxPool", lambda r: [_f32(r, 2, 8, 29, 31)], {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                            "pads": [1, 1, 1, 1]}, 0, 0, (0, 0)),
+        Case("AveragePool", lambda r: [_f32(r, 2, 8, 29, 31)],
+             {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "count_include_pad": 0},
+             1e-6, 1e-6, (1e-5, 1e-6)),
+    ],
+    "ConvTranspose.forward:_host_phase_forward": [
+        Case("ConvTranspose", lambda r: [_f32(r, 1, 32, 14, 14), _f32(r, 32, 16, 4, 4, scale=0.2), _f32(r, 16)],
+             {"strides": [2, 2], "pads": [1, 1, 1, 1]}, 1e-5, 1e-5, (1e-4, 1e-4)),
+        Case("ConvTranspose", lambda r: [_f32(r, 2, 16, 40), _f32(r, 16, 8, 4, scale=0.2)],
+             {"strides": [2], "pads": [1, 1]}, 1e-5, 1e-5, (1e-4, 1e-4)),
+    ],
+    "DFT.transform:_host_split": [
+        Case("DFT", lambda r: [_f32(r, 64, 1024, 1), None, _int64(1)], {}, 0, 0, (1e-4, 1e-3)),
+    ],
+    "Gather.take:_host_take": [
+        Case("Gather", lambda r: [_f32(r, 4096, 256), r.integers(-4096, 4096, (3000,))], {"axis": 0}, 0, 0),
+        Case("Gather", lambda r: [_f32(r, 64, 512, 64), r.integers(0, 512, (400,))], {"axis": 1}, 0, 0),
+    ],
+    "ScatterND.assign_rows:_assign_rows_host": [
+        Case("ScatterND", lambda r: [_f32(r, 4096, 1024), r.permutation(4096)[:2500].reshape(-1, 1),
+                                     _f32(r, 2500, 1024)], {}, 0, 0),
+    ],
+    "Transpose.copy:_permuted_copy_host": [
+        Case("Transpose", lambda r: [_f32(r, 2048, 1024)], {"perm": [1, 0]}, 0, 0),
+        Case("Transpose", lambda r: [_f32(r, 8, 300, 600)], {"perm": [0, 2, 1]}, 0, 0),
+    ],
+    "GridSample.sample:_sample_host": [
+        Case("GridSample", lambda r: [_f32(r, 2, 5, 20, 24), r.uniform(-1.1, 1.1, (2, 16, 18, 2)).astype(np.float32)],
+             {"mode": "linear", "padding_mode": "zeros"}, 1e-5, 1e-6, (1e-4, 1e-5)),
+        Case("GridSample", lambda r: [_f32(r, 1, 3, 12, 13), r.uniform(-1.1, 1.1, (1, 9, 7, 2)).astype(np.float32)],
+             {"mode": "cubic", "padding_mode": "reflection", "align_corners": 1}, 1e-5, 1e-5, (1e-4, 1e-4)),
+    ],
+    "Resize.interpolate:_interpolate_host": [
+        Case("Resize", lambda r: [_f32(r, 2, 3, 40, 50), None, np.array([1, 1, 1.7, 0.6], np.float32)],
+             {"mode": "linear"}, 1e-5, 1e-5, (1e-4, 1e-4), wide=(0,)),
+        Case("Resize", lambda r: [_f32(r, 1, 2, 64, 64), None, None, _int64([1, 2, 100, 30])],
+             {"mode": "cubic", "antialias": 1}, 1e-5, 1e-5, (1e-4, 1e-4), wide=(0,)),
+    ],
+    "NonMaxSuppression.select:_nms_host": [
+        Case("NonMaxSuppression",
+             lambda r: [np.sort(r.uniform(0, 60, (2, 300, 4)), axis=-1).astype(np.float32)[..., [0, 1, 2, 3]],
+                        r.random((2, 3, 300)).astype(np.float32), _int64([40]), np.array([0.4], np.float32),
+                        np.array([0.2], np.float32)], {}, 0, 0),
+    ],
+}
+
+# the hand-written CUDA kernels: compared with the array path by tests/gpu
+CUDA_KERNEL_SITES = {"Attention.cuda_kernel", "Conv.cuda_kernel", "LinearAttention.cuda_kernel",
+                     "RotaryEmbedding.cuda_kernel"}
+
+
+def _key(spec) -> str:
+    return f"{spec.site}:{spec.name}"
+
+
+def test_every_specialisation_has_a_parity_case():
+    registered = {_key(s) for s in specialize.registry() if s.site not in CUDA_KERNEL_SITES}
+    assert registered == set(CASES), (
+        f"specialisations without a parity case: {sorted(registered - set(CASES))}; "
+        f"cases without a specialisation: {sorted(set(CASES) - registered)}")
+    assert {s.site for s in specialize.registry() if s.device == "cuda"} == CUDA_KERNEL_SITES
+
+
+def test_registry_entries_are_described():
+    for spec in specialize.registry():
+        assert spec.device in ("cpu", "cuda") and spec.ops and spec.agreement, spec
+        for op in spec.ops:
+            assert lookup(op, "")[0] is not None
+
+
+def _widen(arrays):
+    return [None if a is None else a.astype(np.float64) if a.dtype.kind == "f" else a for a in arrays]
+
+
+def _compare(got, want, rtol, atol, what):
+    assert len(got) == len(want), what
+    for g, w in zip(got, want):
+        if g is None or w is None:
+            assert g is None and w is None, what
+            continue
+        assert g.shape == w.shape and g.dtype == w.dtype, what
+        if rtol == 0 and atol == 0:
+            np.testing.assert_array_equal(g, w, err_msg=what)
+        else:
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=what)
+
+
+@pytest.mark.parametrize("key,index", [(k, i) for k, cases in CASES.items() for i in range(len(cases))])
+def test_parity(key, index):
+    case = CASES[key][index]
+    inputs = case.make(np.random.default_rng(1000 + index))
+    with specialize.recording() as chosen:
+        fast = _arrays(_run(case.op, AUTO, inputs, case.attrs, case.opset, case.requested))
+    assert key in {_key(s) for s in chosen}, f"{case.op} did not take {key}: {[_key(s) for s in chosen]}"
+    with specialize.recording() as chosen:
+        ref = _arrays(_run(case.op, REFERENCE, inputs, case.attrs, case.opset, case.requested))
+    assert not chosen
+    _compare(fast, ref, case.rtol, case.atol, f"{key}: auto vs reference")
+    if case.tol64 is not None:
+        wide = [_as64(v) if case.wide is None or i in case.wide else v for i, v in enumerate(inputs)]
+        ref64 = _widen(_arrays(_run(case.op, REFERENCE, wide, case.attrs, case.opset, case.requested)))
+        for name, got in (("auto", fast), ("reference", ref)):
+            _compare(_widen(got), ref64, *case.tol64, f"{key}: {name} float32 vs reference float64")
