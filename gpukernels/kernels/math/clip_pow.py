@@ -23,8 +23,9 @@ pow gives), in the wider of the two compute types, then rounded once to T.  ONNX
 not ask for a correctly rounded pow and products round differently from pow: x^2, x^-1
 and x^0.5 are single IEEE operations (correctly rounded), x^3 is within 2 and x^4
 within 3 units of 2^-24 (float32; 2^-53 for float64) relative to the exact value, as
-the tests check against a float64 reference.  Measured on 8M float32 elements: x^3
-91 ms -> 9 ms (NumPy's pow is a scalar loop).  Integer ** integer stays exact (NumPy's
+the tests check against a float64 reference.  Measured on a 2-core host, 8M float32
+elements: x^3 and x^4 10-14x faster than NumPy's pow (a scalar loop), x^0.5 4x; on
+GPT-2's 1x128x3072 Gelu input x^3 9.5 ms -> 0.2 ms.  Integer ** integer stays exact (NumPy's
 integer power); on a GPU CuPy's power is used (reading the exponent would cost a
 device-to-host copy).
 """

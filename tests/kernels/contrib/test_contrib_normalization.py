@@ -94,11 +94,11 @@ def test_skip_norm_errors(device, rng):
 
 
 def test_skip_norm_unknown_attribute_in_a_model(rng):
-    x = f32(rng, 2, 3, 8)
-    model = single_node_model("SkipLayerNormalization", [("x", x), ("s", x), ("g", f32(rng, 8))],
+    x, g = f32(rng, 2, 3, 8), f32(rng, 8)
+    model = single_node_model("SkipLayerNormalization", [("x", x), ("s", x), ("g", g)],
                               {"epsilon": 1e-5, "bogus": 3})
     with pytest.raises(GpuKernelsError, match="unknown attribute.*bogus"):
-        run_gk(model, {"x": x, "s": x})
+        run_gk(model, {"x": x, "s": x, "g": g})
 
 
 # ------------------------------------------------- SimplifiedLayerNormalization ('' domain)
