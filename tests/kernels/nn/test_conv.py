@@ -488,3 +488,21 @@ def test_col2im_errors(rng):
         Col2Im()(rnd(rng, (1, 4, 5)), np.array([3, 3]), np.array([2, 2]))
     with pytest.raises(KernelInputError, match="multiple of prod"):
         Col2Im()(rnd(rng, (1, 5, 4)), np.array([3, 3]), np.array([2, 2]))
+
+
+@pytest.mark.parametrize("strides", [[1, 2 ** 31], [2 ** 31, 1], [2 ** 31, 2 ** 31], [2, 3]])
+def test_conv_huge_strides_read_one_window(device, strides):
+    """A stride past the input leaves one output position on that axis: the result is its
+    first window (no loop or scratch sized by the stride; found by the model fuzzer)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 2, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    y = Conv(KernelContext(device))(x, w, strides=strides).numpy()
+    sh, sw = strides
+    ho, wo = (6 - 3) // sh + 1, (6 - 3) // sw + 1
+    ref = np.zeros((1, 3, ho, wo))
+    for i in range(ho):
+        for j in range(wo):
+            win = x[0, :, i * sh:i * sh + 3, j * sw:j * sw + 3].astype(np.float64)
+            ref[0, :, i, j] = np.einsum("chw,mchw->m", win, w.astype(np.float64))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
