@@ -160,9 +160,12 @@ def cli_cluster(tmp: Path):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--resnet-samples", type=int, default=96)
-    p.add_argument("--bundled-samples", type=int, default=4096)
+    p.add_argument("--bundled-samples", type=int, default=1024)
     p.add_argument("--skip-cli-cluster", action="store_true")
+    p.add_argument("--repeat", type=int, default=1, help="run every mode this many times (interleaved) and "
+                                                        "report the best rate: for a machine shared with other work")
     args = p.parse_args()
+    load_before = os.getloadavg()[0]
     from gpukernels.evaluation import default_batch
     from gpukernels.evaluation.data import open_source
     from gpukernels.evaluation.spec import load_spec
@@ -182,18 +185,26 @@ def main() -> None:
             data = make_data(data_dir, model, n)
             spec, _ = load_spec(model)
             batch = default_batch(open_source(str(data_dir), spec), spec.run_size, n)
-            base, step = plain_loop(model, data, batch, spec.run_size)
-            rows.append((label, f"plain loop (Session.run, defaults, {step} sample(s) per run)", base, 1.0, "",
-                         batch, "1 process"))
-            print(rows[-1], flush=True)
             runs = [("eval, 1 worker", dict(workers=1, batch=batch)), ("eval, defaults", {})]
             if address:
                 runs.append(("eval, CLI cluster (2 workers x 1 thread)", dict(scheduler=address, batch=batch)))
-            for what, kw in runs:
-                rate, start, b, workers = eval_rate(model, data_dir, tmp / "out", **kw)
-                rows.append((label, what, rate, rate / base, f"{start:.1f} s", b, workers))
-                print(rows[-1], flush=True)
-        print(f"\n{os.cpu_count()} cores; samples/s over the whole dataset (Session preparation included)\n")
+            best: dict = {}
+            for _ in range(args.repeat):
+                rate, step = plain_loop(model, data, batch, spec.run_size)
+                plain = f"plain loop (Session.run, defaults, {step} sample(s) per run)"
+                if rate > best.get(plain, (0,))[0]:
+                    best[plain] = (rate, "", batch, "1 process")
+                print(label, plain, rate, flush=True)
+                for what, kw in runs:
+                    got = eval_rate(model, data_dir, tmp / "out", **kw)
+                    if got[0] > best.get(what, (0,))[0]:
+                        best[what] = (got[0], f"{got[1]:.1f} s", got[2], got[3])
+                    print(label, what, got, flush=True)
+            base = best[plain][0]
+            for what, (rate, start, b, workers) in best.items():
+                rows.append((label, what, rate, rate / base, start, b, workers))
+        print(f"\n{os.cpu_count()} cores, load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after; "
+              f"samples/s over the whole dataset (Session preparation included), best of {args.repeat}\n")
         print("| model | run | samples/s | vs plain loop | cluster start | batch | workers (task threads x host threads) |")
         print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
         for label, what, rate, ratio, start, b, workers in rows:

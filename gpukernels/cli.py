@@ -223,14 +223,17 @@ def cmd_info(args) -> int:
     from . import __version__
     from .gpu import accelerated, cache_dir
     from .kernels import load_all, registered
-    from .xp import cuda_status
+    from .xp import Device, compute_capability, cuda_driver_version, cuda_extra, cuda_status, device_name
 
     load_all()
     status = cuda_status()
+    driver = cuda_driver_version()
     info = {
         "gpukernels": __version__, "python": sys.version.split()[0], "numpy": np.__version__,
         "onnx": onnx.__version__, "onnx_opset": onnx.defs.onnx_opset_version(),
         "cuda_available": status.available, "cuda_reason": status.reason,
+        "cuda_driver": None if driver is None else f"{driver // 1000}.{driver % 1000 // 10}",
+        "cuda_extra": cuda_extra(),
         "cuda_kernel_cache": cache_dir(), "cuda_kernels": accelerated.operators(),
         "operators": len(registered()),
     }
@@ -240,11 +243,22 @@ def cmd_info(args) -> int:
         info["cupy"] = cupy.__version__
     except Exception:
         info["cupy"] = None
+    devices = []
+    for i in range(status.device_count if status.available else 0):
+        cc = compute_capability(i)
+        devices.append({"device": f"cuda:{i}", "name": device_name(i),
+                        "compute_capability": None if cc is None else f"{cc // 10}.{cc % 10}",
+                        "cuda_kernels": accelerated.kernels_supported(Device("cuda", i))[0],
+                        "paths": accelerated.paths(Device("cuda", i))})
     if args.json:
-        print(json.dumps(info, indent=1))
+        print(json.dumps(dict(info, cuda_devices=devices), indent=1))
     else:
         for k, v in info.items():
             print(f"{k:18} {safe_name(v)}")
+        for d in devices:
+            cc = d["compute_capability"]
+            print(f"{d['device']:18} {safe_name(d['name'])}, compute capability {cc} "
+                  f"(sm_{cc.replace('.', '') if cc else '?'}): {safe_name(d['paths'])}")
     return EXIT_OK
 
 

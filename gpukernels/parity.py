@@ -312,19 +312,24 @@ def default_devices() -> tuple[list, str]:
 
 def compare(model, sides: list | None = None, devices=("cpu",), against=None, inputs: dict | None = None,
             seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5, all_nodes: bool = False,
-            save: str | None = None, load: str | None = None, dims: dict | None = None) -> ParityReport:
+            save: str | None = None, load: str | None = None, dims: dict | None = None,
+            paths=None) -> ParityReport:
     """Run model on each side and compare every side with the first.
 
-    devices: gpukernels devices to run on ('cpu', 'cuda'); against: 'onnxruntime' or
-    'reference' adds that runtime; load: a directory written by an earlier save, used
-    as the baseline side (its inputs are reused); save: write the first live side's
-    values (and inputs) there.
+    devices: gpukernels devices to run on ('cpu', 'cuda'); paths: None, or the values of
+    the option 'paths' to run each device with (('reference', 'auto') compares the
+    registered specialisations with the reference implementations on one device; sides
+    are labelled 'cpu[reference]'...); against: 'onnxruntime' or 'reference' adds that
+    runtime; load: a directory written by an earlier save, used as the baseline side (its
+    inputs are reused); save: write the first live side's values (and inputs) there.
     """
     from .runtime import Session, load_model
     from .xp import Device, cuda_status
 
     proto, _ = load_model(model)
     label = model if isinstance(model, str) else "<model>"
+    if not sides and paths:
+        sides = [Side(f"{d}[{p}]", "gpukernels", str(d), {"paths": p}) for d in devices for p in paths]
     sides = list(sides) if sides else [Side(str(d), "gpukernels", str(d)) for d in devices]
     for s in sides:
         if s.kind == "gpukernels" and Device.parse(s.device).is_cuda and not cuda_status().available:

@@ -64,17 +64,68 @@ class CudaStatus:
 
 
 @functools.lru_cache(maxsize=1)
+def cuda_driver_version() -> int | None:
+    """The CUDA version the installed NVIDIA driver supports (13000 for 13.0), read from
+    the driver library itself without CuPy; None when there is no driver.  Never raises."""
+    import ctypes
+    import ctypes.util
+
+    names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so",
+                                                            ctypes.util.find_library("cuda")]
+    for name in names:
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+            version = ctypes.c_int(0)
+            if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
+                return int(version.value)
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def cuda_extra() -> str:
+    """The gpukernels extra whose CuPy wheel fits this machine's driver: 'cuda12' for a
+    CUDA 12 driver, 'cuda13' otherwise (CUDA 13 drivers, and when no driver is found)."""
+    version = cuda_driver_version()
+    return "cuda12" if version is not None and version // 1000 == 12 else "cuda13"
+
+
+def _install_hint() -> str:
+    version = cuda_driver_version()
+    extra = cuda_extra()
+    if version is None:
+        return (f"install the '{extra}' extra (pip install 'gpukernels[{extra}]'; "
+                "'cuda12' for a CUDA 12 driver)")
+    return (f"install the '{extra}' extra (pip install 'gpukernels[{extra}]': the driver supports "
+            f"CUDA {version // 1000}.{version % 1000 // 10})")
+
+
+def _mismatch_hint(cupy) -> str:
+    """A hint when CuPy was built for a newer CUDA than the driver supports."""
+    try:
+        built = int(cupy.cuda.runtime.runtimeGetVersion())
+    except Exception:
+        return ""
+    driver = cuda_driver_version()
+    if driver is not None and built // 1000 > driver // 1000:
+        return (f"; this CuPy is built for CUDA {built // 1000} but the driver supports CUDA "
+                f"{driver // 1000}: {_install_hint()}")
+    return ""
+
+
+@functools.lru_cache(maxsize=1)
 def cuda_status() -> CudaStatus:
     """Whether CUDA is usable, and why not when it is not.  Never raises."""
     try:
         import cupy  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install
-        return CudaStatus(False, f"CuPy is not importable ({type(exc).__name__}: {exc}); "
-                                 "install the 'cuda12' extra")
+        return CudaStatus(False, f"CuPy is not importable ({type(exc).__name__}: {exc}); {_install_hint()}")
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:
-        return CudaStatus(False, f"CuPy found no usable CUDA driver or GPU ({exc})")
+        return CudaStatus(False, f"CuPy found no usable CUDA driver or GPU ({exc}){_mismatch_hint(cupy)}")
     if count < 1:
         return CudaStatus(False, "CuPy is installed but no GPU is visible")
     try:
@@ -86,6 +137,33 @@ def cuda_status() -> CudaStatus:
 
 def cuda_available() -> bool:
     return cuda_status().available
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability(index: int = 0) -> int | None:
+    """The compute capability of GPU index as major * 10 + minor (90 for sm_90, 120 for
+    sm_120); None when CUDA is not usable or the device does not exist.  Never raises."""
+    if not cuda_status().available:
+        return None
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device(int(index)).compute_capability)
+    except Exception:
+        return None
+
+
+def device_name(index: int = 0) -> str | None:
+    """The GPU's name as the driver reports it (None when unavailable).  Never raises."""
+    if not cuda_status().available:
+        return None
+    try:
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(int(index))["name"]
+        return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+    except Exception:
+        return None
 
 
 def available_devices() -> list[Device]:

@@ -387,6 +387,13 @@ def test_bad_npy_and_zarr_data(tmp_path, capsys):
     write_zarr_group(group, {"x": data["x"].astype(np.float16), "s": data["s"]})
     with pytest.raises(DataError, match=r"z\.zarr/x: input 'x' holds float16"):
         evaluate(model, str(group), scheduler="tcp://127.0.0.1:1")
+    v2 = zarr.open_group(str(tmp_path / "v2.zarr"), mode="w", zarr_format=2)
+    for name, v in data.items():
+        v2.create_array(name=name, shape=v.shape, chunks=v.shape, dtype=v.dtype)[:] = v
+    meta = tmp_path / "v2.zarr" / "x" / ".zarray"   # a compressor that would unpickle the data: refused unread
+    meta.write_text(json.dumps(dict(json.loads(meta.read_text()), compressor={"id": "pickle", "protocol": 5})))
+    with pytest.raises(DataError, match=r"v2\.zarr/x: its codecs include pickle"):
+        evaluate(model, str(tmp_path / "v2.zarr"), scheduler="tcp://127.0.0.1:1")
     write_zarr_group(group, {"x": data["x"]})
     assert main(["eval", model, "--data", str(group)]) == 2
     err = capsys.readouterr().err
@@ -515,4 +522,4 @@ def test_a_worker_killed_mid_run_loses_and_repeats_no_sample(tmp_path, client):
     assert sorted(result.written) == list(range(60))                 # every batch written once
     assert any("left during the run" in n and killed["address"] in n for n in result.notes), result.notes
     assert_same(read_outputs(out), sequential(model, data, 2))
-    client.wait_for_workers(2, timeout=60)                            # the nanny brings it back
+    # the nanny restarts the killed worker; no later test needs it (this one runs last)

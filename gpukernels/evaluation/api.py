@@ -161,7 +161,7 @@ def evaluate(model, data, output=None, *, device: str = "auto", batch: "int | No
     if against and (report is not None or output):
         require("matplotlib", "the parity report's histogram")
     from .data import open_source
-    from .store import open_store, output_format
+    from .store import open_store
 
     spec, model_bytes = load_spec(model)
     local = scheduler is None

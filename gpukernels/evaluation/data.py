@@ -422,14 +422,62 @@ def _zarr_group(path: str, label: str):
     return group
 
 
+_UNSAFE_CODECS = {"pickle"}   # decoding runs pickle.loads on the file's bytes: code from the data
+
+
+def _codec_ids(node) -> set:
+    if isinstance(node, dict):
+        ids = {node[k] for k in ("id", "name") if isinstance(node.get(k), str)}
+        for v in node.values():
+            ids |= _codec_ids(v)
+        return ids
+    if isinstance(node, list):
+        return set().union(*(_codec_ids(v) for v in node)) if node else set()
+    return set()
+
+
+def _check_codecs(group_path: Path, key: str, label: str) -> None:
+    """DataError when the array's metadata (read as plain JSON, before Zarr decodes
+    anything), or its entry in the group's consolidated metadata, names a codec that
+    unpickles: gpukernels never unpickles files."""
+    import json
+
+    def load(f: Path):
+        try:
+            return json.loads(f.read_text("utf-8"))
+        except (OSError, ValueError, RecursionError):
+            raise DataError(f"{label}: unreadable Zarr metadata {safe_name(f.name)}") from None
+
+    found = []
+    for f in (group_path / key / "zarr.json", group_path / key / ".zarray"):
+        if f.is_file():
+            found.append(load(f))
+    if (group_path / ".zmetadata").is_file():
+        meta = load(group_path / ".zmetadata")
+        found.append(meta.get("metadata", {}).get(f"{key}/.zarray") if isinstance(meta, dict) else None)
+    if (group_path / "zarr.json").is_file():
+        meta = load(group_path / "zarr.json")
+        consolidated = meta.get("consolidated_metadata") if isinstance(meta, dict) else None
+        if isinstance(consolidated, dict) and isinstance(consolidated.get("metadata"), dict):
+            found.append(consolidated["metadata"].get(key))
+    bad = set().union(*(_codec_ids(m) for m in found)) & _UNSAFE_CODECS if found else set()
+    if bad:
+        raise DataError(f"{label}/{safe_name(key)}: its codecs include {', '.join(sorted(bad))}, which "
+                        "unpickles the data; gpukernels never unpickles files")
+
+
 class ZarrSource(Source):
     kind = "zarr"
 
     def __init__(self, path, spec):
         super().__init__(path)
         label = safe_name(path)
-        group = _zarr_group(str(path), label)
         entries = entry_names(spec.input_names)
+        for inp in spec.inputs:
+            for key in {inp.name, entries[inp.name]}:
+                if "/" not in key and key not in (".", ".."):
+                    _check_codecs(Path(path), key, label)
+        group = _zarr_group(str(path), label)
         self.keys = {}
         counts = {}
         try:
