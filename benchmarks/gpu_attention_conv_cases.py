@@ -5,13 +5,16 @@
 
 parity_attention / parity_conv (env, rng, quick): the CUDA kernel vs the class's array path
 vs a float64 NumPy reference on fresh random inputs (small shapes on the emulator).
-bench_attention / bench_conv (env, rng, torch): median kernel times against PyTorch (TF32
-disabled on both sides for float32), with achieved TFLOP/s and the fraction of the H200
-roofline (benchmarks/ROOFLINE_attention_conv.md).
+bench_attention / bench_conv (env, rng, torch): kernel times (CUDA events around the
+prepared launches and as a CUDA graph, bench_gpu.time_prepared; outputs not poisoned) and
+the host time per run() call, against PyTorch -- for float32 both IEEE float32 (TF32 off:
+the CUDA-core baseline our float32 kernels compare with) and TF32 -- with achieved TFLOP/s
+and the fraction of the H200 roofline (benchmarks/ROOFLINE_attention_conv.md).
 
     python benchmarks/gpu_attention_conv_cases.py --roofline   # prints the roofline table
 
-``record``/``_time_gpu``/``_compare3`` are taken from bench_gpu (the running script).
+``record``/``_time_gpu``/``_compare3``/``time_prepared``/``time_left``/``torch_fp32`` are
+taken from bench_gpu (the running script).
 """
 
 from __future__ import annotations
@@ -63,9 +66,9 @@ def _time_gpu(*args, **kwargs):
     return _bg()._time_gpu(*args, **kwargs)
 
 
-def _elapsed():
+def _time_left(section, case) -> bool:
     bg = _bg()
-    return bg.elapsed() if hasattr(bg, "elapsed") else 0.0
+    return bg.time_left(section, case) if hasattr(bg, "time_left") else True
 
 
 # ------------------------------------------------------------------ roofline
@@ -212,6 +215,8 @@ def _attention_case(env, rng, case, dtype, *, B, Hq, Hkv, Sq, Skv, D, P=0, causa
                     softcap=0.0, nonpad=None):
     from gpukernels.kernels.nn.attention import Attention
 
+    if not _time_left("parity", case):
+        return
     t = DTYPES[dtype]
     q = rng.standard_normal((B, Hq, Sq, D)).astype(t)
     k = rng.standard_normal((B, Hkv, Skv, D)).astype(t)
@@ -288,6 +293,8 @@ def _conv_case(env, rng, case, dtype, xs, ws, group=1, bias=True, **attrs):
     from gpukernels.kernels.nn.conv import Conv, conv_attributes
     from gpukernels.tensor import Tensor
 
+    if not _time_left("parity", case):
+        return
     t = DTYPES[dtype]
     x = rng.standard_normal(xs).astype(t)
     w = (rng.standard_normal(ws) / math.sqrt(np.prod(ws[1:]))).astype(t)
@@ -346,11 +353,25 @@ def _torch_dtype(torch, dtype):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
 
 
-def _exact_float32(torch) -> None:
-    """PyTorch's float32 matmuls and convolutions without TF32, as our default."""
-    if torch is not None:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+def _torch_both(cp, torch, dtype, fn):
+    """PyTorch's time for fn: (ieee seconds, tf32 seconds or None).  float32 runs twice --
+    IEEE float32 (CUDA cores, our float32 kernels' baseline) and TF32; other types once."""
+    bg = _bg()
+    bg.torch_fp32(torch, "ieee")
+    t_ieee = _time_gpu(cp, fn, min_time=0.2, repeat=5)
+    t_tf32 = None
+    if dtype == "float32":
+        bg.torch_fp32(torch, "tf32")
+        t_tf32 = _time_gpu(cp, fn, min_time=0.2, repeat=5)
+        bg.torch_fp32(torch, "ieee")
+    return t_ieee, t_tf32
+
+
+def _torch_text(label, t_k, t_ieee, t_tf32) -> str:
+    if t_tf32 is None:
+        return f" | torch {label} {t_ieee * 1e3:.3f} ms ({t_ieee / t_k:4.2f}x)"
+    return (f" | torch {label} ieee {t_ieee * 1e3:.3f} ms ({t_ieee / t_k:4.2f}x), "
+            f"tf32 {t_tf32 * 1e3:.3f} ms ({t_tf32 / t_k:4.2f}x)")
 
 
 def bench_attention(env, rng, torch):
@@ -358,11 +379,9 @@ def bench_attention(env, rng, torch):
     from gpukernels.tensor import Tensor
 
     cp = env.cp
-    _exact_float32(torch)
     for label, dtype, B, Hq, Hkv, Sq, T, D, causal in ATTENTION_BENCH:
         name = f"Attention {dtype} {label} B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} T{T} D{D}"
-        if _elapsed() > 380:
-            record("bench", name, "skip", "time budget")
+        if not _time_left("bench", name):
             continue
         try:
             t = DTYPES[dtype]
@@ -372,27 +391,28 @@ def bench_attention(env, rng, torch):
             v = Tensor(rng.standard_normal((B, Hkv, T, D)).astype(t), device="cuda")
             args = dict(Q=q, K=k, V=v, is_causal=int(causal), q_num_heads=Hq, kv_num_heads=Hkv,
                         scale=1 / math.sqrt(D), wants=(True, False, False, False))
-            t_k = _time_gpu(cp, lambda: ga.run(env.backend, **args), min_time=0.2, repeat=5)
+            tk = _bg().time_prepared(env, lambda be: ga.run(be, **args))
+            t_k = tk.best
             flops, nbytes = attention_cost(dtype, B, Hq, Hkv, Sq, T, D, causal)
             t_roof, bound = roofline_time(dtype, flops, nbytes)
-            detail = (f"kernel {t_k * 1e3:8.3f} ms {flops / t_k / 1e12:6.1f} TFLOP/s {nbytes / t_k / 1e9:6.0f} GB/s "
-                      f"({t_roof / t_k * 100:4.0f}% of {bound} roofline)")
+            detail = (f"{tk.text()} {flops / t_k / 1e12:5.1f} TFLOP/s {nbytes / t_k / 1e9:5.0f} GB/s "
+                      f"({t_roof / t_k * 100:3.0f}% of {bound} roofline)")
             if torch is not None:
                 tt = _torch_dtype(torch, dtype)
                 tq = torch.randn((B, Hq, Sq, D), device="cuda", dtype=tt)
-                tk = torch.randn((B, Hkv, T, D), device="cuda", dtype=tt)
+                tk_ = torch.randn((B, Hkv, T, D), device="cuda", dtype=tt)
                 tv = torch.randn((B, Hkv, T, D), device="cuda", dtype=tt)
                 sdpa = torch.nn.functional.scaled_dot_product_attention
 
                 def torch_attn():
-                    kk, vv = tk, tv
+                    kk, vv = tk_, tv
                     if Hkv != Hq:
-                        kk = tk.repeat_interleave(Hq // Hkv, 1)
+                        kk = tk_.repeat_interleave(Hq // Hkv, 1)
                         vv = tv.repeat_interleave(Hq // Hkv, 1)
                     return sdpa(tq, kk, vv, is_causal=bool(causal) and Sq > 1)
 
                 def torch_attn_gqa():
-                    return sdpa(tq, tk, tv, is_causal=bool(causal) and Sq > 1, enable_gqa=True)
+                    return sdpa(tq, tk_, tv, is_causal=bool(causal) and Sq > 1, enable_gqa=True)
 
                 fn = torch_attn
                 if Hkv != Hq:
@@ -401,8 +421,7 @@ def bench_attention(env, rng, torch):
                         fn = torch_attn_gqa
                     except TypeError:
                         pass
-                t_t = _time_gpu(cp, fn, min_time=0.2, repeat=5)
-                detail += f" | torch sdpa {t_t * 1e3:8.3f} ms ({t_t / t_k:5.2f}x the kernel's time)"
+                detail += _torch_text("sdpa", t_k, *_torch_both(cp, torch, dtype, fn))
             record("bench", name, "-", detail)
         except Exception as exc:
             record("bench", name, False, repr(exc)[:160])
@@ -413,14 +432,12 @@ def bench_conv(env, rng, torch):
     from gpukernels.tensor import Tensor
 
     cp = env.cp
-    _exact_float32(torch)
     if torch is not None:
         torch.backends.cudnn.benchmark = True
     for dtype in ("float32", "float16"):
         for label, cin, h, cout, k, s, p in RESNET50:
             name = f"Conv ResNet-50 {label} N{CONV_BATCH} {h}x{h} {dtype}"
-            if _elapsed() > 420:
-                record("bench", name, "skip", "time budget")
+            if not _time_left("bench", name):
                 continue
             try:
                 t = DTYPES[dtype]
@@ -428,19 +445,20 @@ def bench_conv(env, rng, torch):
                 w = Tensor((rng.standard_normal((cout, cin, k, k)) * 0.05).astype(t), device="cuda")
                 bias = Tensor(rng.standard_normal(cout).astype(t), device="cuda")
                 args = dict(X=x, W=w, B=bias, strides=[s, s], pads=[p] * 4, dilations=[1, 1], group=1)
-                t_k = _time_gpu(cp, lambda: gc.run(env.backend, **args), min_time=0.2, repeat=5)
+                tk = _bg().time_prepared(env, lambda be: gc.run(be, **args))
+                t_k = tk.best
                 flops, nbytes = conv_cost(dtype, CONV_BATCH, cin, h, cout, k, s, p)
                 t_roof, bound = roofline_time(dtype, flops, nbytes)
-                detail = (f"kernel {t_k * 1e3:8.3f} ms {flops / t_k / 1e12:6.1f} TFLOP/s "
-                          f"({t_roof / t_k * 100:4.0f}% of {bound} roofline)")
+                detail = (f"{tk.text()} {flops / t_k / 1e12:5.1f} TFLOP/s "
+                          f"({t_roof / t_k * 100:3.0f}% of {bound} roofline)")
                 if torch is not None:
                     tt = _torch_dtype(torch, dtype)
                     tx = torch.randn((CONV_BATCH, cin, h, h), device="cuda", dtype=tt)
                     tw = torch.randn((cout, cin, k, k), device="cuda", dtype=tt) * 0.05
                     tb = torch.randn((cout,), device="cuda", dtype=tt)
                     conv = torch.nn.functional.conv2d
-                    t_t = _time_gpu(cp, lambda: conv(tx, tw, tb, stride=s, padding=p), min_time=0.2, repeat=5)
-                    detail += f" | torch cudnn {t_t * 1e3:8.3f} ms ({t_t / t_k:5.2f}x the kernel's time)"
+                    detail += _torch_text("cudnn", t_k, *_torch_both(
+                        cp, torch, dtype, lambda: conv(tx, tw, tb, stride=s, padding=p)))
                 record("bench", name, "-", detail)
             except Exception as exc:
                 record("bench", name, False, repr(exc)[:160])

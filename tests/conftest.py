@@ -39,6 +39,19 @@ def rng():
 
 
 @pytest.fixture
+def count_transfers():
+    """The CuPy simulation's transfer counter (tests/cupy_sim): ``with count_transfers() as
+    log: ...`` then ``log.count`` is the number of device-to-host transfers and
+    synchronisations made in the block, ``log.report()`` says which and where.  Skips
+    unless the run simulates CUDA (GPUKERNELS_SIMULATE_CUDA=1)."""
+    if os.environ.get("GPUKERNELS_SIMULATE_CUDA") != "1":
+        pytest.skip("transfers are counted by the CuPy simulation (GPUKERNELS_SIMULATE_CUDA=1)")
+    from cupy._sim import count_transfers as counter
+
+    return counter
+
+
+@pytest.fixture
 def default_paths(monkeypatch):
     """The default paths ('auto') even when the suite runs with GPUKERNELS_PATHS=reference:
     for tests of the specialisations themselves (host fast paths), used as

@@ -128,7 +128,7 @@ def test_cupy_whose_first_launch_fails_reports_unavailable(tmp_path):
 
 def test_cupy_that_fails_to_import_reports_unavailable(tmp_path):
     out = _probe(_fake_cupy(tmp_path, broken_import=True))
-    _assert_unavailable(out, "not importable", "libcudart.so.12")
+    _assert_unavailable(out, "not importable", "libcudart.so.12", "extra (pip install 'gpukernels[cuda1")
 
 
 def test_no_cupy_at_all_reports_unavailable():
@@ -142,3 +142,75 @@ def test_no_cupy_at_all_reports_unavailable():
         pytest.skip("CuPy is installed here")
     out = _probe(None)
     _assert_unavailable(out, "not importable")
+
+
+# ------------------------------------------------------------------ the right CuPy extra
+@pytest.mark.parametrize("driver, extra", [(None, "cuda13"), (13000, "cuda13"), (13020, "cuda13"),
+                                           (12080, "cuda12"), (12040, "cuda12")])
+def test_messages_name_the_extra_that_fits_the_driver(driver, extra, monkeypatch):
+    from gpukernels import xp
+
+    monkeypatch.setattr(xp, "cuda_driver_version", lambda: driver)
+    assert xp.cuda_extra() == extra
+    hint = xp._install_hint()
+    assert f"install the '{extra}' extra" in hint and f"gpukernels[{extra}]" in hint
+    if driver is not None:
+        assert f"the driver supports CUDA {driver // 1000}.{driver % 1000 // 10}" in hint
+
+
+def test_a_cupy_built_for_a_newer_cuda_than_the_driver_is_named(monkeypatch):
+    from types import SimpleNamespace
+
+    from gpukernels import xp
+
+    cupy = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(runtimeGetVersion=lambda: 13000)))
+    monkeypatch.setattr(xp, "cuda_driver_version", lambda: 12080)
+    hint = xp._mismatch_hint(cupy)
+    assert "built for CUDA 13 but the driver supports CUDA 12" in hint and "'cuda12' extra" in hint
+    monkeypatch.setattr(xp, "cuda_driver_version", lambda: 13000)
+    assert xp._mismatch_hint(cupy) == ""
+
+
+def test_driver_version_is_read_without_cupy_and_never_raises():
+    from gpukernels.xp import cuda_driver_version
+
+    v = cuda_driver_version()
+    assert v is None or (isinstance(v, int) and v >= 9000)
+
+
+INFO_CUPY = '''
+__version__ = "14.2.0"
+
+class _Device:
+    def __init__(self, index=0):
+        self.index = index
+    @property
+    def compute_capability(self):
+        return {cc!r}
+
+cuda.Device = _Device
+cuda.runtime.getDeviceProperties = lambda i: {{"name": b"Fake GPU"}}
+'''
+
+
+@pytest.mark.parametrize("cc, kernels", [("75", False), ("86", True)])
+def test_info_reports_compute_capability_and_which_paths_run(tmp_path, cc, kernels):
+    """`gpukernels info` on a GPU below sm_80 says the hand-written kernels step aside."""
+    fake = _fake_cupy(tmp_path, extra=INFO_CUPY.format(cc=cc))
+    env = dict(os.environ)
+    env.pop("GPUKERNELS_SIMULATE_CUDA", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(fake), str(ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-m", "gpukernels.cli", "info", "--json"], cwd=fake, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    info = json.loads(run.stdout)
+    assert info["cuda_available"] is True and info["cupy"] == "14.2.0"
+    (dev,) = info["cuda_devices"]
+    assert dev == {"device": "cuda:0", "name": "Fake GPU", "compute_capability": f"{cc[0]}.{cc[1]}",
+                   "cuda_kernels": kernels, "paths": dev["paths"]}
+    if kernels:
+        assert dev["paths"].startswith("hand-written CUDA kernels for Attention, Conv, LinearAttention, "
+                                       "RotaryEmbedding")
+    else:
+        assert dev["paths"] == ("CuPy array code only (the hand-written CUDA kernels need compute capability "
+                                "8.0 (sm_80) or newer; cuda:0 is sm_75)")

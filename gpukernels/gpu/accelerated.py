@@ -4,10 +4,15 @@
 the CUDA path of an operator; it returns None when it does not cover the case (the
 kernel then runs its array-namespace code on the GPU).  Kernels reach it through
 ``KernelBase.cuda_path``.
+
+The hand-written kernels use sm_80 features (cp.async, bf16 tensor cores): on an older
+GPU (compute capability below 8.0) every registered path steps aside for the array code,
+as ``gpukernels info`` reports (``paths``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
@@ -24,12 +29,61 @@ _MODULES = {
 launch_counts: dict[str, int] = {}
 
 
+# The oldest GPU the hand-written kernels run on (major * 10 + minor).
+MIN_COMPUTE_CAPABILITY = 80
+
+
 def register(op_type: str):
+    """Register fn as op_type's CUDA path.  The registered entry first checks the kernel's
+    GPU (``kernels_supported``): below sm_80 it returns None (the array code runs), or
+    raises CudaKernelError when the context demands the kernels (cuda_kernels='always').
+    The module keeps fn itself (the emulator and the GPU check call it directly)."""
+
     def decorate(fn):
-        _IMPLS[op_type] = fn
+        @functools.wraps(fn)
+        def checked(kernel, **arguments):
+            ok, why = kernels_supported(kernel.device)
+            if not ok:
+                if kernel.ctx.option("cuda_kernels", "auto") == "always":
+                    from ..errors import CudaKernelError
+
+                    raise CudaKernelError(f"{op_type}: {why} (options cuda_kernels='always')")
+                return None
+            return fn(kernel, **arguments)
+
+        _IMPLS[op_type] = checked
         return fn
 
     return decorate
+
+
+def _compute_capability(index: int):
+    from ..xp import compute_capability
+
+    return compute_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_supported(device) -> tuple[bool, str]:
+    """(whether the hand-written CUDA kernels run on device, why not).  Never raises."""
+    if getattr(sys.modules.get("cupy"), "__gpukernels_simulated__", False):
+        return False, "the CuPy simulation cannot run the hand-written kernels"
+    cc = _compute_capability(getattr(device, "index", 0))
+    if cc is None:
+        return False, f"{device} is not a usable GPU"
+    if cc < MIN_COMPUTE_CAPABILITY:
+        return False, (f"the hand-written CUDA kernels need compute capability "
+                       f"{MIN_COMPUTE_CAPABILITY // 10}.{MIN_COMPUTE_CAPABILITY % 10} (sm_{MIN_COMPUTE_CAPABILITY}) "
+                       f"or newer; {device} is sm_{cc}")
+    return True, ""
+
+
+def paths(device) -> str:
+    """Which code runs on device, in words (for ``gpukernels info``)."""
+    ok, why = kernels_supported(device)
+    if ok:
+        return f"hand-written CUDA kernels for {', '.join(operators())}; CuPy array code for the rest"
+    return f"CuPy array code only ({why})"
 
 
 def get(op_type: str):

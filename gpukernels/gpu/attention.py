@@ -34,7 +34,7 @@ from ..dtypes import DataType
 from ..errors import CudaKernelError
 from ..tensor import Tensor
 from . import accelerated
-from .launch import CudaSource, backend_for, ceil_div, describe_arrays, f32, i32, i64
+from .launch import CudaSource, Lazy, backend_for, ceil_div, describe_arrays, f32, i32, i64
 
 SOURCE = "attention.cu"
 CTYPES = {DataType.FLOAT: "float", DataType.FLOAT16: "__half", DataType.BFLOAT16: "__nv_bfloat16"}
@@ -176,9 +176,9 @@ def run(backend, *, Q: Tensor, K: Tensor, V: Tensor, attn_mask=None, past_key=No
     for name, val in (("total kv length", T), ("query rows per kv head", M), ("B * kv heads", B * Hkv)):
         if val >= 2**31:
             raise CudaKernelError(f"Attention: {name} {val} exceeds the kernel's 32-bit range")
-    xp = backend.xp
     storage = backend.dtype_for(dt)
-    what = f"Attention ({describe_arrays(Q=Q.array, K=K.array, V=V.array)}, past={P}, causal={int(is_causal)})"
+    what = Lazy(lambda: f"Attention ({describe_arrays(Q=Q.array, K=K.array, V=V.array)}, past={P}, "
+                        f"causal={int(is_causal)})")
 
     # present_key / present_value
     present_k = present_v = None

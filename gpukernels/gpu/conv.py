@@ -23,7 +23,7 @@ from ..dtypes import DataType
 from ..errors import CudaKernelError
 from ..tensor import Tensor
 from . import accelerated
-from .launch import CudaSource, backend_for, ceil_div, describe_arrays, i32, i64
+from .launch import CudaSource, Lazy, backend_for, ceil_div, describe_arrays, i32, i64
 
 SOURCE = "conv.cu"
 CTYPES = {DataType.FLOAT: "float", DataType.FLOAT16: "__half", DataType.BFLOAT16: "__nv_bfloat16"}
@@ -105,8 +105,8 @@ def run(backend, *, X: Tensor, W: Tensor, B=None, strides, pads, dilations, grou
     out_shape = (N, M) + O[3 - n_sp:]
     storage = backend.dtype_for(dt)
     y = backend.empty(out_shape, storage)
-    what = f"Conv ({describe_arrays(X=X.array, W=W.array)}, strides={list(strides)}, pads={list(pads)}, " \
-           f"dilations={list(dilations)}, group={group})"
+    what = Lazy(lambda: f"Conv ({describe_arrays(X=X.array, W=W.array)}, strides={list(strides)}, "
+                        f"pads={list(pads)}, dilations={list(dilations)}, group={group})")
     opix = O[0] * O[1] * O[2]
     npix = N * opix
     if npix == 0 or M == 0:

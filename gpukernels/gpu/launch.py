@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .. import dtypes
 from ..errors import CudaKernelError
 
 INT32_MAX = 2**31 - 1
@@ -102,7 +103,15 @@ def cuda_include_dirs() -> list[str]:
 
 
 def compile_options(extra: Sequence[str] = ()) -> tuple[str, ...]:
-    """NVRTC options shared by the run-time compile and the compile check (no -arch)."""
+    """NVRTC options shared by the run-time compile and the compile check (no -arch).
+
+    Computed once per process and set of extra options: finding the include folders probes
+    the file system (tens of microseconds), which no launch should pay."""
+    return _compile_options(tuple(extra))
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_options(extra: tuple[str, ...]) -> tuple[str, ...]:
     opts = ["--std=c++17", f"-I{source_dir()}", f"-DGK_SOURCES_DIGEST=0x{sources_digest()[:12]}ull"]
     opts += [f"-I{d}" for d in cuda_include_dirs()]
     opts += list(extra)
@@ -182,6 +191,33 @@ def ceil_div(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
+class Lazy:
+    """Text made only when shown: a launch's description (``what``) is needed by error
+    messages alone, so launch code passes ``Lazy(lambda: f"...")`` instead of formatting
+    shapes and dtypes on every call.  Works wherever text is formatted (f-strings, str(),
+    ``+`` with a string)."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[], str]):
+        self._make = make
+
+    def __str__(self) -> str:
+        return str(self._make())
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __repr__(self) -> str:
+        return repr(str(self))
+
+    def __add__(self, other) -> "Lazy":
+        return Lazy(lambda: str(self) + str(other))
+
+    def __radd__(self, other) -> "Lazy":
+        return Lazy(lambda: str(other) + str(self))
+
+
 def describe_arrays(**arrays) -> str:
     parts = []
     for k, a in arrays.items():
@@ -237,9 +273,23 @@ class CupyBackend:
                                                   attrs.get("MaxSharedMemoryPerBlock", 48 * 1024)))
             cc = dev.compute_capability
             self.compute_capability = int(cc)
+        self._functions: dict = {}  # (source, expr, options) -> compiled function
+        self._dynamic_smem: dict = {}  # id(function) -> the opt-in shared memory already set
 
     def function(self, source: str, expr: str, options: Sequence[str] = ()):
-        """The kernel expr of source, compiled on first use (per device) and cached."""
+        """The kernel expr of source, compiled on first use (per device) and cached.
+
+        A launch asks for its function on every call: the hit is one dict lookup keyed by
+        what the caller passed (no option list is rebuilt)."""
+        key = (source, expr, options if type(options) is tuple else tuple(options))
+        fn = self._functions.get(key)
+        if fn is not None:
+            return fn
+        fn = self._compile(source, expr, key[2])
+        self._functions[key] = fn
+        return fn
+
+    def _compile(self, source: str, expr: str, options: tuple):
         import cupy
 
         opts = compile_options(options)
@@ -264,8 +314,6 @@ class CupyBackend:
     @staticmethod
     def dtype_for(data_type):
         """The array dtype that holds an ONNX element type here (its GPU storage type)."""
-        from .. import dtypes
-
         return dtypes.info(data_type).storage
 
     def empty(self, shape, dtype):
@@ -303,8 +351,10 @@ class CupyBackend:
         grid, block = check_launch(self, grid, block, shared_mem, what)
         try:
             with self.xp.cuda.Device(self.device.index):
-                if shared_mem > 48 * 1024:
+                if shared_mem > 48 * 1024 and self._dynamic_smem.get(id(fn), 0) < shared_mem:
+                    # a driver call: made once per function and size, not on every launch
                     fn.max_dynamic_shared_size_bytes = int(shared_mem)
+                    self._dynamic_smem[id(fn)] = int(shared_mem)
                 # None stands for a null pointer (an absent optional input)
                 args = tuple(np.uint64(0) if a is None else a for a in args)
                 fn(grid, block, args, shared_mem=int(shared_mem))

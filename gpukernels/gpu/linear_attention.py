@@ -24,7 +24,7 @@ from ..dtypes import DataType
 from ..errors import CudaKernelError
 from ..tensor import Tensor
 from . import accelerated
-from .launch import CudaSource, backend_for, ceil_div, describe_arrays, f32, i32
+from .launch import CudaSource, Lazy, backend_for, ceil_div, describe_arrays, f32, i32
 
 SOURCE = "linear_attention.cu"
 CTYPES = {DataType.FLOAT: "float", DataType.FLOAT16: "__half", DataType.BFLOAT16: "__nv_bfloat16"}
@@ -135,8 +135,8 @@ def run(backend, *, query: Tensor, key: Tensor, value: Tensor, past_state=None, 
             state_out[...] = s_in
         return Result(Tensor.wrap(out, dt), _present(backend, state_out, state_type))
 
-    what = (f"LinearAttention {rule} ({describe_arrays(query=q, key=k, value=v, decay=dcy, beta=bt)}, "
-            f"q_num_heads={Hq}, kv_num_heads={Hkv})")
+    what = Lazy(lambda: f"LinearAttention {rule} ({describe_arrays(query=q, key=k, value=v, decay=dcy, beta=bt)}, "
+                        f"q_num_heads={Hq}, kv_num_heads={Hkv})")
     mode = mode or "auto"
     use_chunked = (mode == "chunked" or (mode == "auto" and T > RECURRENT_MAX_T))
     if use_chunked:

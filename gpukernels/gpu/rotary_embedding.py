@@ -16,7 +16,7 @@ from ..dtypes import DataType
 from ..errors import CudaKernelError
 from ..tensor import Tensor
 from . import accelerated
-from .launch import CudaSource, backend_for, ceil_div, describe_arrays, i32, i64
+from .launch import CudaSource, Lazy, backend_for, ceil_div, describe_arrays, i32, i64
 
 SOURCE = "rotary_embedding.cu"
 CTYPES = {DataType.FLOAT: "float", DataType.FLOAT16: "__half", DataType.BFLOAT16: "__nv_bfloat16"}
@@ -121,8 +121,8 @@ def run(backend, *, X: Tensor, cos_cache: Tensor, sin_cache: Tensor, position_id
     grid = (ceil_div(rows, ty),)
     expr = f"gk_rotary<{CTYPES[dt]}, {width}, {str(bool(interleaved)).lower()}, {str(has_pos).lower()}>"
     fn = backend.function(SOURCE, expr)
-    what = f"RotaryEmbedding ({describe_arrays(X=x, cos_cache=c, position_ids=p)}, rd={rd}, " \
-           f"interleaved={int(bool(interleaved))})"
+    what = Lazy(lambda: f"RotaryEmbedding ({describe_arrays(X=x, cos_cache=c, position_ids=p)}, rd={rd}, "
+                        f"interleaved={int(bool(interleaved))})")
     backend.launch(fn, grid, (tx, ty), (x, c, s, p, out, i64(rows), i32(D), i32(rd), i32(H), i32(S), i32(s_div),
                                         i64(max_pos)), 0, what=what)
     return Tensor.wrap(out, dt)

@@ -46,6 +46,13 @@ OPTIONS = {
                       "the graph is prepared",
     "compile_graph": "True (default): run repeated same-shaped Session runs through a "
                      "compiled plan",
+    "optimize": "True (default unless fold_constants is False) | False | list of pass names: "
+                "graph optimisations when a graph is prepared -- 'shapes' (Shape/Size of static "
+                "shapes folded), 'specialize' (a Session prepares graphs with symbolic input "
+                "dimensions once more per input signature), 'conv_bn' (BatchNormalization folded "
+                "into Conv weights), 'layernorm', 'rmsnorm', 'gelu', 'silu', 'attention' (exporters' "
+                "spelled-out forms mapped onto one kernel), 'inplace' (elementwise steps after "
+                "Conv/Gemm/MatMul written into the producer's output); see gpukernels.runtime.optimize",
     "compile_bodies": "True (default): compile Loop/Scan bodies for their input signature",
     "attention_block_bytes": "int: host Attention working-block size (tuning)",
     "linear_attention_mode": "'auto' (default) | 'recurrent' | 'chunked': LinearAttention "
@@ -369,6 +376,21 @@ class KernelBase:
         if t.data_type != DataType.STRING and self.device.is_cuda != is_cupy_array(t.array):
             t = t.to(self.device)
         return t
+
+    def host_tensor(self, value, name: str = "input", optional: bool = False) -> Tensor:
+        """A shape-like input (a shape, axes, pads, repeats...) as a Tensor left where it
+        is: a host value stays on the host, so reading it costs no device-to-host copy
+        (the runtime keeps small integer constants on the host for this).  A device
+        value is returned as it is; host_ints then reads it (one transfer)."""
+        if value is None or (isinstance(value, Tensor) and value.array is None):
+            if optional:
+                return Tensor()
+            raise self.error(f"required input '{name}' is missing")
+        if isinstance(value, Tensor):
+            return value
+        if isinstance(value, (Sequence, Optional)):
+            raise self.type_error(f"input '{name}' must be a tensor, got {describe(value)}")
+        return Tensor(value)
 
     def result(self, array, data_type=None) -> Tensor:
         """Wrap an output array (already in storage dtype) as a Tensor."""

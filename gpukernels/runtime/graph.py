@@ -207,9 +207,13 @@ class PreparedGraph:
     """
 
     def __init__(self, graph, ctx: KernelContext, functions: dict | None = None,
-                 base_dir: str | None = None, attribute_values: dict | None = None):
+                 base_dir: str | None = None, attribute_values: dict | None = None,
+                 checked_inputs: bool = False):
         load_all()
         self.ctx = ctx
+        # whether every run's inputs are checked against the declared types, ranks and
+        # fixed dimensions (a Session's graph): optimisations may then rely on them
+        self.checked_inputs = checked_inputs
         self.functions = functions or {}
         self.base_dir = base_dir
         self.attribute_values = attribute_values  # for function bodies: bound attributes
@@ -240,6 +244,17 @@ class PreparedGraph:
         self.folded = []
         if self.graph is not None and ctx.option("fold_constants", True):
             self._fold_constants()
+        # graph optimisations (option optimize; see runtime/optimize)
+        self.optimized = {}
+        self.deferred = False
+        if self.graph is not None:
+            from .optimize import optimize_graph
+
+            optimize_graph(self)
+        self._finish()
+
+    def _finish(self) -> None:
+        """Fast-path flags and the release plan for the final node list."""
         # the fast path only serves nodes whose inputs all live in this graph's own scope
         local = set(self.input_names) | set(self.constants)
         for p in self.nodes:
@@ -300,23 +315,32 @@ class PreparedGraph:
                 kept.append(p)
                 continue
             total += size
-            self.constants.update((n, freeze(v)) for n, v in named)
+            self.constants.update((n, freeze(self._place(v))) for n, v in named)
             self.folded.append(p)
         self.nodes = kept
 
     def _place(self, t: Tensor) -> Tensor:
-        if self.ctx.device.is_cuda and t.data_type != dtypes.DataType.STRING:
-            return t.to(self.ctx.device)
-        return t
+        """A constant on the device its kernels read it from: small integer tensors
+        (shapes, axes, pads: at most _HOST_INT_ELEMENTS) stay on the host, where shape
+        arguments are read without a device-to-host copy; kernels using one as data
+        upload it (KernelBase.tensor).  Everything else goes to the graph's device."""
+        if not self.ctx.device.is_cuda or t.data_type == dtypes.DataType.STRING:
+            return t
+        if _is_small_int(t):
+            return t.to("cpu") if t.array.__class__ is not np.ndarray else t
+        return t.to(self.ctx.device)
 
-    def _prepare_node(self, node: onnx.NodeProto) -> PreparedNode:
+    def _prepare_node(self, node: onnx.NodeProto, opset: int | None = None) -> PreparedNode:
+        """node ready to run; opset: the version to resolve it at (default: the graph's
+        opset for its domain; graph optimisations give the version of a fused operator)."""
         p = PreparedNode(node)
         p.needs_scope = any(_graphs_of(a) for a in node.attribute)
         key = (p.domain, p.op_type)
         if key in self.functions and not has_kernel(p.op_type, p.domain):
             p.function = self.functions[key]
             return p
-        opset = self.ctx.opset_for(p.domain)
+        if opset is None:
+            opset = self.ctx.opset_for(p.domain)
         try:
             cls, version = lookup(p.op_type, p.domain, opset)
             # options={'kernel_overrides': {op_type: class}} swaps in another kernel class
@@ -546,6 +570,15 @@ class PreparedGraph:
                            list(fproto.node), opsets)
         ctx = KernelContext(self.ctx.device, {**self.ctx.opset, **opsets}, self.ctx.options)
         return PreparedGraph(fdef, ctx, self.functions, self.base_dir, attribute_values=attrs)
+
+
+# integer constants up to this many elements stay on the host on a GPU (see _place)
+_HOST_INT_ELEMENTS = 64
+
+
+def _is_small_int(t: Tensor) -> bool:
+    return (t.array is not None and t.array.size <= _HOST_INT_ELEMENTS
+            and t.array.dtype.kind in "iu" and dtypes.info(t.data_type).is_integer)
 
 
 def freeze(value):

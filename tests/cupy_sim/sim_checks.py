@@ -315,5 +315,98 @@ def test_sub_byte_and_exotic_tensors_keep_their_values_on_the_gpu(dt):
     np.testing.assert_array_equal(k.to_compute(dev).get().astype(np.float64), vals)
 
 
+# ------------------------------------------------------------------ transfers
+def _transfers(fn) -> list:
+    from cupy._sim import count_transfers
+
+    with count_transfers() as log:
+        fn()
+    return [kind for kind, _, _ in log.events]
+
+
+@pytest.mark.parametrize("name, reads", [
+    ("get", lambda a: a.get()),
+    ("asnumpy", lambda a: cupy.asnumpy(a)),
+    ("item", lambda a: a[0, 0].item()),
+    ("tolist", lambda a: a.tolist()),
+    ("tobytes", lambda a: a.tobytes()),
+    ("int", lambda a: int(a[0, 1])),
+    ("float", lambda a: float(a.sum())),
+    ("complex", lambda a: complex(a[0, 0])),
+    ("bool", lambda a: bool(a.max() > 2)),
+    ("if", lambda a: 1 if (a > 1).any() else 0),
+    ("repr", lambda a: repr(a)),
+    ("str", lambda a: str(a)),
+    ("format", lambda a: f"{a[0, 0]:.3f}"),
+    ("pickle", lambda a: __import__("pickle").dumps(a)),
+    ("dlpack to host", lambda a: np.from_dlpack(a, device="cpu")),
+    ("mask index", lambda a: a[a > 2]),
+    ("mask assign", lambda a: a.__setitem__(a > 2, 0)),
+    ("nonzero", lambda a: cupy.nonzero(a)),
+    ("nonzero method", lambda a: a.nonzero()),
+    ("numpy nonzero", lambda a: np.nonzero(a)),
+    ("argwhere", lambda a: cupy.argwhere(a)),
+    ("flatnonzero", lambda a: cupy.flatnonzero(a)),
+    ("where one argument", lambda a: cupy.where(a > 1)),
+    ("unique", lambda a: cupy.unique(a)),
+    ("compress", lambda a: cupy.compress(cupy.asarray([True, False]), a, axis=0)),
+    ("extract", lambda a: cupy.extract(a > 1, a)),
+    ("bincount", lambda a: cupy.bincount(a.astype(cupy.int64).ravel())),
+    ("stream synchronize", lambda a: cupy.cuda.get_current_stream().synchronize()),
+    ("device synchronize", lambda a: cupy.cuda.Device(0).synchronize()),
+    ("runtime synchronize", lambda a: cupy.cuda.runtime.deviceSynchronize()),
+])
+def test_every_device_to_host_path_is_counted_once(name, reads, x):
+    kinds = _transfers(lambda: reads(x))
+    assert len(kinds) == 1, (name, kinds)
+
+
+def test_device_only_work_counts_no_transfer(x):
+    def work():
+        y = cupy.empty_like(x)
+        cupy.multiply(x, 2, out=y)
+        z = (y + x).sum(axis=1) * cupy.float32(0.5)
+        i = cupy.argmax(z)
+        w = x[:, [2, 0, 1]] + x[0] + x[..., 1, None]
+        cupy.take(x, cupy.asarray([1, 0]), axis=0)
+        cupy.where(x > 1, x, 0)
+        cupy.cumsum(w, axis=0)
+        cupy.concatenate([x, y]).reshape(3, 4).T.copy()
+        x[0] = cupy.float32(1)
+        x[1, :2] = w[0, :2]
+        cupy.count_nonzero(x)
+        cupy.allclose(x, y)  # a 0-d device array: no read until it is converted
+        len(x), x.shape, x.dtype, x.data.ptr, i.ndim
+        cupy.asarray(np.arange(3))  # host to device
+    assert _transfers(work) == []
+
+
+def test_transfer_log_says_where_and_nests(x):
+    from cupy._sim import count_transfers
+
+    with count_transfers() as outer:
+        x.get()
+        with count_transfers() as inner:
+            float(x[0, 0])
+    assert outer.count == 2 and inner.count == 1
+    kind, what, where = inner.events[0]
+    assert kind == "float()" and what == "float32[]"
+    assert where.startswith(__file__) and "test_transfer_log_says_where_and_nests" in where
+    assert outer.kinds() == {"get": 1, "float()": 1}
+
+
+def test_compute_capability_can_be_lowered_for_tests():
+    from cupy._sim import set_compute_capability
+
+    try:
+        set_compute_capability("75")
+        assert cupy.cuda.Device(0).compute_capability == "75"
+        assert cupy.cuda.runtime.getDeviceProperties(0)["major"] == 7
+        assert cupy.cuda.Device(0).attributes["ComputeCapabilityMinor"] == 5
+    finally:
+        set_compute_capability("90")
+    assert cupy.cuda.Device(0).compute_capability == "90"
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

@@ -8,7 +8,9 @@ angle whose cos/sin the caches hold; the rest pass through.  cos_cache/sin_cache
 position_ids is absent.
 
 Choices: position_ids must lie in [0, max_position) (an error otherwise, never a
-wrap-around); num_heads given with a 4-D X must equal X's head count; half types
+wrap-around; on a GPU the range test runs on the device and is read once per graph run,
+or once per call outside a run: see gpukernels.gpu.device_checks; without position_ids a
+call makes no device-to-host transfer); num_heads given with a 4-D X must equal X's head count; half types
 compute in float32 and round once.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...gpu import device_checks
 from ...xp import host_empty
 from ..base import KernelBase, register
 
@@ -65,10 +68,7 @@ class RotaryEmbedding(KernelBase):
             if pid.shape != (B, S):
                 raise self.error(f"position_ids must have shape (batch, seq) = ({B}, {S})", **shapes)
             if pid.size:
-                lo, hi = int(self.xp.min(pid.array)), int(self.xp.max(pid.array))
-                if lo < 0 or hi >= cos.shape[0]:
-                    raise self.error(f"position_ids must lie in [0, {cos.shape[0]}), got values in "
-                                     f"[{lo}, {hi}]", **shapes)
+                self._check_positions(pid, cos.shape[0], shapes)
         interleaved = int(interleaved)
 
         fast = self.cuda_path(X=x, cos_cache=cos, sin_cache=sin, position_ids=pid, interleaved=interleaved,
@@ -100,6 +100,26 @@ class RotaryEmbedding(KernelBase):
             if rd < hd:
                 y[..., rd:] = x4[..., rd:]
         return self.from_compute(y.reshape(x.shape), x.data_type)
+
+    def _check_positions(self, pid, limit: int, shapes: dict) -> None:
+        """position_ids inside [0, limit).  On a GPU the test runs on the device and is read
+        through gpu.device_checks: once per graph run, or once per call outside one (the one
+        synchronisation of this kernel); the CUDA kernel and CuPy's take stay memory-safe
+        for bad ids meanwhile (NaN rows / wrapped ids, replaced by the error)."""
+        xp = self.xp
+        ids = pid.array
+
+        def error():
+            lo, hi = int(xp.min(ids)), int(xp.max(ids))  # read back on the error path only
+            return self.error(f"position_ids must lie in [0, {limit}), got values in [{lo}, {hi}]", **shapes)
+
+        if xp is np:
+            if ids.min() < 0 or ids.max() >= limit:
+                raise error()
+            return
+        # int64 seen as uint64: negative ids become >= 2**63, so one max covers both ends
+        bad = ids.astype(np.int64, copy=False).view(np.uint64).max() >= np.uint64(limit)
+        device_checks.require(bad, error)
 
     @staticmethod
     def _rotate(xp, x4, y, c, s, rd, interleaved):

@@ -51,7 +51,7 @@ class ConstantOfShape(KernelBase):
     float32 zero).  An empty shape gives a scalar; a zero dimension an empty tensor."""
 
     def __call__(self, input, value=None):
-        shape_t = self.tensor(input, "input")
+        shape_t = self.host_tensor(input, "input")
         self.check_inputs(shape_t)
         shape = [int(d) for d in np.asarray(shape_t.numpy()).reshape(-1)]
         if any(d < 0 for d in shape):

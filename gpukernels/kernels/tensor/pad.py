@@ -86,9 +86,9 @@ class Pad(KernelBase):
             ax = list(range(x.ndim))
             named = {}
         else:
-            tp = self.tensor(pads, "pads")
+            tp = self.host_tensor(pads, "pads")
             tc = self.tensor(constant_value, "constant_value", optional=True)
-            ta = self.tensor(axes, "axes", optional=True) if self.since_version >= 18 else Tensor()
+            ta = self.host_tensor(axes, "axes", optional=True) if self.since_version >= 18 else Tensor()
             self.check_inputs(x, tp, tc, ta)
             named = {"pads": tp}
             p = host_ints(self, tp, "pads")

@@ -40,7 +40,7 @@ class Reshape(KernelBase):
             self.check_inputs(x)
             s = None
         else:
-            s = self.tensor(shape, "shape")
+            s = self.host_tensor(shape, "shape")
             self.check_inputs(x, s)
             if s.ndim != 1:
                 raise self.error("'shape' must be 1-D", data=x, shape=s)
@@ -110,7 +110,7 @@ class Squeeze(KernelBase):
     def __call__(self, data, axes=None):
         x = self.tensor(data, "data")
         if self.since_version >= 13:
-            a = self.tensor(axes, "axes", optional=True)
+            a = self.host_tensor(axes, "axes", optional=True)
             self.check_inputs(x, a)
             ax = None if a.is_absent else host_ints(self, a, "axes")
         else:
@@ -135,7 +135,7 @@ class Unsqueeze(KernelBase):
     def __call__(self, data, axes=None):
         x = self.tensor(data, "data")
         if self.since_version >= 13:
-            a = self.tensor(axes, "axes")
+            a = self.host_tensor(axes, "axes")
             self.check_inputs(x, a)
             ax = host_ints(self, a, "axes")
         else:
@@ -174,7 +174,7 @@ class Expand(KernelBase):
 
     def __call__(self, input, shape):
         x = self.tensor(input, "input")
-        s = self.tensor(shape, "shape")
+        s = self.host_tensor(shape, "shape")
         self.check_inputs(x, s)
         if s.ndim != 1:
             raise self.error("'shape' must be 1-D", input=x, shape=s)
@@ -205,7 +205,7 @@ class Tile(KernelBase):
             reps = [1] * x.ndim
             reps[norm_axis(self, ax[0], x.ndim, input=x)] = n[0]
         else:
-            r = self.tensor(repeats, "repeats")
+            r = self.host_tensor(repeats, "repeats")
             self.check_inputs(x, r)
             if r.ndim != 1:
                 raise self.error("'repeats' must be 1-D", input=x, repeats=r)
@@ -299,7 +299,7 @@ class Split(KernelBase):
             sizes = [int(v) for v in split]
             self.check_inputs(x)
         elif split is not None:
-            s = self.tensor(split, "split", optional=True)
+            s = self.host_tensor(split, "split", optional=True)
             self.check_inputs(x, s) if self.since_version >= 13 else self.check_inputs(x)
             if not s.is_absent:
                 sizes = host_ints(self, s, "split")
@@ -377,10 +377,10 @@ class Slice(KernelBase):
             sp = None
             named = {}
         else:
-            ts = self.tensor(starts, "starts")
-            te = self.tensor(ends, "ends")
-            ta = self.tensor(axes, "axes", optional=True)
-            tp = self.tensor(steps, "steps", optional=True)
+            ts = self.host_tensor(starts, "starts")
+            te = self.host_tensor(ends, "ends")
+            ta = self.host_tensor(axes, "axes", optional=True)
+            tp = self.host_tensor(steps, "steps", optional=True)
             self.check_inputs(x, ts, te, ta, tp)
             named = {"starts": ts, "ends": te}
             st, en = host_ints(self, ts, "starts"), host_ints(self, te, "ends")
@@ -464,7 +464,7 @@ class Trilu(KernelBase):
 
     def __call__(self, input, k=None, upper=1):
         x = self.tensor(input, "input")
-        kt = self.tensor(k, "k", optional=True)
+        kt = self.host_tensor(k, "k", optional=True)
         self.check_inputs(x, kt)
         if x.ndim < 2:
             raise self.error("input must have rank >= 2", input=x)
@@ -489,7 +489,7 @@ class CenterCropPad(KernelBase):
 
     def __call__(self, input_data, shape, axes=None):
         x = self.tensor(input_data, "input_data")
-        s = self.tensor(shape, "shape")
+        s = self.host_tensor(shape, "shape")
         self.check_inputs(x, s)
         dims = host_ints(self, s, "shape")
         ax = list(range(x.ndim)) if axes is None else norm_axes(self, axes, x.ndim, input_data=x)

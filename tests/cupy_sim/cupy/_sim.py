@@ -21,12 +21,16 @@ What it reproduces from CuPy 14 (see tests/cupy_sim/README.md):
   indices in an assignment a different update than NumPy's last one wins;
 * ``empty``/``empty_like`` give garbage (NaN / 0xA5 bytes), not zeros;
 * only the names, keyword arguments and methods real CuPy 14.2 has (recorded from a real
-  install in ../cupy_api.json) exist.
+  install in ../cupy_api.json) exist;
+* every device-to-host transfer or synchronisation is counted (``count_transfers``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +52,86 @@ def _unsupported(what: str):
 
     fail.__name__ = what.rpartition(".")[2]
     return fail
+
+
+# ------------------------------------------------------ device-to-host transfers
+# Every way real CuPy makes the host wait for the device: reading data back (get, asnumpy,
+# item, tolist, int/float/bool of a device array, printing it, pickling it, exporting it
+# to the host through DLPack), the functions whose result size depends on the data (CuPy
+# counts the elements on the device and reads the count back: nonzero, boolean-mask
+# indexing, unique, bincount...), and explicit synchronisation.  Each is one event.
+_SIM_DIRS = tuple(str(Path(__file__).resolve().parents[1] / pkg) for pkg in ("cupy", "cupyx"))
+
+
+class TransferLog:
+    """The device-to-host transfers and synchronisations seen while it was active.
+
+    ``count`` is the number of events; ``events`` lists (kind, what, where): what the array
+    (dtype and shape), where the three innermost callers outside the simulation
+    ("file:line function <- ...")."""
+
+    def __init__(self):
+        self.events: list[tuple[str, str, str]] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.events)
+
+    def kinds(self) -> dict:
+        out: dict = {}
+        for kind, _, _ in self.events:
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
+    def report(self) -> str:
+        return "; ".join(f"{kind} {what} at {where}" for kind, what, where in self.events) or "none"
+
+    def __repr__(self):
+        return f"<TransferLog {self.count}: {self.report()}>"
+
+
+_logs: list[TransferLog] = []
+_logs_lock = threading.Lock()
+transfers_total = 0  # since the simulation was imported
+
+
+def _caller(depth: int = 3) -> str:
+    """The innermost depth frames outside the simulation, innermost first."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_SIM_DIRS):
+        f = f.f_back
+    parts = []
+    while f is not None and len(parts) < depth:
+        parts.append(f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}")
+        f = f.f_back
+    return " <- ".join(parts) or "?"
+
+
+def note_transfer(kind: str, a=None) -> None:
+    """Record one device-to-host transfer or synchronisation (a: the array, if any)."""
+    global transfers_total
+    transfers_total += 1
+    if not _logs:
+        return
+    what = "" if a is None else f"{a.dtype}{list(a.shape)}"
+    event = (kind, what, _caller())
+    with _logs_lock:
+        for log in _logs:
+            log.events.append(event)
+
+
+@contextlib.contextmanager
+def count_transfers():
+    """``with count_transfers() as log:`` -- log.count is the number of device-to-host
+    transfers and synchronisations made inside the block (log.events says which, where)."""
+    log = TransferLog()
+    with _logs_lock:
+        _logs.append(log)
+    try:
+        yield log
+    finally:
+        with _logs_lock:
+            _logs.remove(log)
 
 
 # ----------------------------------------------------------------------- dtypes
@@ -102,11 +186,11 @@ class Device:
         return None
 
     def synchronize(self):
-        return None
+        note_transfer("synchronize")
 
     @property
     def compute_capability(self):
-        return "90"
+        return COMPUTE_CAPABILITY[0]
 
     @property
     def pci_bus_id(self):
@@ -118,9 +202,10 @@ class Device:
 
     @property
     def attributes(self):
+        cc = int(COMPUTE_CAPABILITY[0])
         return {"MultiProcessorCount": 132, "WarpSize": 32, "MaxSharedMemoryPerBlock": 49152,
-                "MaxSharedMemoryPerBlockOptin": 232448, "ComputeCapabilityMajor": 9,
-                "ComputeCapabilityMinor": 0, "MaxThreadsPerBlock": 1024}
+                "MaxSharedMemoryPerBlockOptin": 232448, "ComputeCapabilityMajor": cc // 10,
+                "ComputeCapabilityMinor": cc % 10, "MaxThreadsPerBlock": 1024}
 
     def __eq__(self, other):
         return isinstance(other, Device) and other.id == self.id
@@ -130,6 +215,16 @@ class Device:
 
     def __repr__(self):
         return f"<CUDA Device {self.id}>"
+
+
+# The simulated GPU's compute capability as CuPy spells it ("90": sm_90).  Tests of
+# what happens on older GPUs change it with set_compute_capability (a test hook of the
+# simulation; real CuPy has no such thing).
+COMPUTE_CAPABILITY = ["90"]
+
+
+def set_compute_capability(cc: str) -> None:
+    COMPUTE_CAPABILITY[0] = str(cc)
 
 
 Device.__module__ = "cupy.cuda.device"
@@ -255,6 +350,7 @@ class ndarray:
         raise TypeError(_IMPLICIT)
 
     def get(self, stream=None, order="C", out=None, blocking=True):
+        note_transfer("get", self._a)
         if out is not None:
             if not isinstance(out, np.ndarray):
                 raise TypeError("Only numpy.ndarray can be obtained fromcupy.ndarray")
@@ -280,42 +376,55 @@ class ndarray:
         self._a[...] = arr
 
     def item(self, *args):
+        note_transfer("item", self._a)
         return self._a.item(*args)
 
     def tolist(self):
+        note_transfer("tolist", self._a)
         return self._a.tolist()
 
     def tobytes(self, order="C"):
+        note_transfer("tobytes", self._a)
         return self._a.tobytes(order)
 
     def __int__(self):
+        note_transfer("int()", self._a)
         return int(self._a)
 
     def __float__(self):
+        note_transfer("float()", self._a)
         return float(self._a)
 
     def __complex__(self):
+        note_transfer("complex()", self._a)
         return complex(self._a)
 
     def __bool__(self):
+        note_transfer("bool()", self._a)
         return bool(self._a)
 
     def __oct__(self):
+        note_transfer("oct()", self._a)
         return oct(int(self._a))
 
     def __hex__(self):
+        note_transfer("hex()", self._a)
         return hex(int(self._a))
 
     def __bytes__(self):
+        note_transfer("bytes()", self._a)
         return bytes(self._a)
 
     def __repr__(self):
+        note_transfer("repr()", self._a)
         return repr(self._a)
 
     def __str__(self):
+        note_transfer("str()", self._a)
         return str(self._a)
 
     def __format__(self, spec):
+        note_transfer("format()", self._a)
         return format(self._a, spec)
 
     def __len__(self):
@@ -396,6 +505,7 @@ class ndarray:
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         if dl_device is not None and tuple(dl_device)[0] == 1:
+            note_transfer("__dlpack__ to the host", self._a)
             return self._a.__dlpack__(max_version=max_version, copy=True)
         raise SimulationUnsupportedError(
             "simulated CuPy: exporting a device array through DLPack to another library")
@@ -619,6 +729,8 @@ def _index_key(a: np.ndarray, key):
             continue
         if isinstance(c, np.ndarray):
             if c.dtype.kind == "b":
+                if c.ndim:  # CuPy counts the True elements on the device and reads the count
+                    note_transfer("boolean-mask index", c)
                 axis += c.ndim
             elif c.dtype.kind in "iu":
                 if axis < a.ndim and a.shape[axis] > 0 and c.size:
@@ -906,10 +1018,21 @@ def check_signature(qualname, signature, args, kwargs, skip_self=False):
                             f"({len(args)} given)")
 
 
+# Methods and functions whose result size depends on the data: CuPy counts on the device
+# and reads the count back (a synchronisation) before it allocates the result.
+SYNCING = frozenset({"nonzero", "argwhere", "flatnonzero", "compress", "extract", "unique", "unique_all",
+                     "unique_counts", "unique_inverse", "unique_values", "intersect1d", "setdiff1d",
+                     "setxor1d", "union1d", "trim_zeros", "bincount", "histogram", "histogram2d",
+                     "histogramdd"})
+
+
 def _generic_method(name, signature):
     np_method = getattr(np.ndarray, name)
+    syncs = name in SYNCING
 
     def method(self, *args, **kwargs):
+        if syncs:
+            note_transfer(f"ndarray.{name}", self._a)
         check_signature(f"cupy.ndarray.{name}", signature, args, kwargs, skip_self=True)
         out = kwargs.get("out")
         if out is not None and type(out) is not ndarray:

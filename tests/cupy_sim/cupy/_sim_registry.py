@@ -94,7 +94,11 @@ _SPECIAL = {"erf": _PyUfunc("erf", _erf), "erfc": _PyUfunc("erfc", _erfc)}
 
 # -------------------------------------------------------------- functions
 def _generic_function(qualname: str, np_func, signature, strict: bool):
+    syncs = qualname.rpartition(".")[2] in _sim.SYNCING
+
     def f(*args, **kwargs):
+        if syncs:
+            _sim.note_transfer(qualname)
         check_signature(qualname, signature, args, kwargs)
         out = kwargs.get("out")
         if out is not None and type(out) is not ndarray and not isinstance(out, tuple):
@@ -303,6 +307,7 @@ def _bincount(x, weights=None, minlength=None):
         raise ValueError("object of too small depth for desired array")
     if x.dtype.kind == "f":
         raise TypeError("x must be int array")
+    _sim.note_transfer("cupy.bincount (reads max(x))", x._a)
     return wrap(np.bincount(x._a, weights=unwrap(weights, "cupy.bincount"),
                             minlength=0 if minlength is None else int(minlength)))
 
@@ -322,6 +327,7 @@ def _where(condition, x=None, y=None):
     if (x is None) != (y is None):
         raise ValueError("Must provide both 'x' and 'y' or neither.")
     if x is None:
+        _sim.note_transfer("cupy.where(condition) (nonzero)")
         return wrap(np.nonzero(unwrap(condition, "cupy.where")))
     c, xx, yy = (_sim._kernel_arg(v, "cupy.where") for v in (condition, x, y))
     return wrap(np.where(c, xx, yy))

@@ -31,7 +31,9 @@ def setDevice(device):
 
 
 def deviceSynchronize():
-    return None
+    from .. import _sim
+
+    _sim.note_transfer("synchronize")
 
 
 def runtimeGetVersion():
@@ -47,13 +49,16 @@ def memGetInfo():
 
 
 def getDeviceProperties(device):
+    from .. import _sim
+
     setDevice(device)
+    cc = int(_sim.COMPUTE_CAPABILITY[0])
     return {"name": b"Simulated GPU (gpukernels cupy_sim)", "totalGlobalMem": 80 << 30,
             "sharedMemPerBlock": 49152, "sharedMemPerBlockOptin": 232448,
             "sharedMemPerMultiprocessor": 233472, "regsPerBlock": 65536, "warpSize": 32,
             "maxThreadsPerBlock": 1024, "maxThreadsDim": (1024, 1024, 64),
             "maxGridSize": (2147483647, 65535, 65535), "multiProcessorCount": 132,
-            "major": 9, "minor": 0, "clockRate": 1980000, "l2CacheSize": 52428800,
+            "major": cc // 10, "minor": cc % 10, "clockRate": 1980000, "l2CacheSize": 52428800,
             "computeMode": 0, "pciBusID": 0, "pciDeviceID": 0}
 
 
