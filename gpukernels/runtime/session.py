@@ -10,11 +10,13 @@ import onnx
 
 from .. import dtypes
 from ..errors import InputError, ModelError
+from ..gpu import device_checks
 from ..kernels.base import KernelContext
 from ..tensor import Optional, Sequence, Tensor, to_host_value
 from ..xp import Device, require
 from .body import CompiledGraph
 from .graph import PreparedGraph, functions_of
+from .optimize import Specializer
 from .validation import check_model, feed_checker
 
 
@@ -82,7 +84,10 @@ class Session:
         self.device = require(Device.parse(device))
         self.opsets = opsets_of(self.model)
         self.ctx = KernelContext(self.device, self.opsets, dict(options or {}))
-        self.graph = PreparedGraph(self.model.graph, self.ctx, functions_of(self.model), self.base_dir)
+        # feeds are checked against the declared inputs (below), so graph optimisations
+        # may rely on the declared types, ranks and fixed dimensions (checked_inputs)
+        self.graph = PreparedGraph(self.model.graph, self.ctx, functions_of(self.model), self.base_dir,
+                                   checked_inputs=True)
         init_names = {i.name for i in self.model.graph.initializer}
         self.inputs = [i for i in self.model.graph.input if i.name not in init_names]
         self.outputs = list(self.model.graph.output)
@@ -94,6 +99,9 @@ class Session:
         # repeated runs with the same input types and shapes go through a compiled plan
         # (see runtime.body.CompiledGraph); the option compile_graph=False turns it off
         self._compiled = CompiledGraph(self.graph) if self.ctx.option("compile_graph", True) else None
+        # graphs with symbolic input dimensions: prepared again per input signature, so
+        # their shape arithmetic folds too (optimize pass 'specialize', runtime.optimize)
+        self._specializer = Specializer.for_plan(self.graph, self._compiled is not None)
 
     def feed(self, name: str, value):
         """Convert a user value for input name into a runtime value on the device."""
@@ -113,11 +121,14 @@ class Session:
             arr = value.array
             if arr.__class__ is np.ndarray:
                 return value if arr.flags.writeable else Tensor.wrap(arr.copy(), value.data_type)
-            if self._device_spans is None:
-                self._device_spans = _device_spans(self.graph.constants)
+            if self._device_spans is None or (self._specializer is not None
+                                              and self._device_spans[0] != len(self._specializer.entries)):
+                plans = [self.graph] + (self._specializer.plans() if self._specializer is not None else [])
+                self._device_spans = (len(self._specializer.entries) if self._specializer is not None else 0,
+                                      [s for plan in plans for s in _device_spans(plan.constants)])
             lo = arr.data.ptr
             hi = lo + arr.nbytes
-            if any(lo < end and start < hi for start, end in self._device_spans):
+            if any(lo < end and start < hi for start, end in self._device_spans[1]):
                 return Tensor.wrap(arr.copy(), value.data_type)
             return value
         if isinstance(value, Sequence):
@@ -127,6 +138,13 @@ class Session:
         return value
 
     def _run_values(self, feeds: dict, observer=None) -> list:
+        if self.device.is_cuda:
+            # data checks on the device (position ids, indices) are read once per run
+            with device_checks.deferred():
+                return self._run_graph(feeds, observer)
+        return self._run_graph(feeds, observer)
+
+    def _run_graph(self, feeds: dict, observer=None) -> list:
         unknown = set(feeds) - set(self._input_types)
         if unknown:
             raise InputError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are "
@@ -135,11 +153,16 @@ class Session:
         if missing:
             raise InputError(f"missing input(s) {missing}; the model's inputs are {self.input_names}")
         values = {name: self.feed(name, v) for name, v in feeds.items()}
-        if observer is None and self._compiled is not None:
-            outs = self._compiled.run(values)
+        graph, compiled = self.graph, self._compiled
+        if self._specializer is not None:
+            found = self._specializer.lookup(values)
+            if found is not None:
+                graph, compiled = found
+        if observer is None and compiled is not None:
+            outs = compiled.run(values)
             if outs is not None:
                 return outs
-        return self.graph.run(values, observer=observer)
+        return graph.run(values, observer=observer)
 
     def run(self, output_names, feeds: dict, observer=None) -> list:
         """onnxruntime-style: host values of the requested outputs (all when None)."""
