@@ -220,6 +220,19 @@ __device__ __forceinline__ float online_softmax(float (&x)[N], float& m, float& 
   return alpha;
 }
 
+// N floats to shared memory at p (one float4 / float2 store when N is 4 / 2; p aligned).
+template <int N>
+__device__ __forceinline__ void sts(float* p, const float* in) {
+  if constexpr (N == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);
+  } else if constexpr (N == 2) {
+    *reinterpret_cast<float2*>(p) = make_float2(in[0], in[1]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = in[i];
+  }
+}
+
 // ------------------------------------------------------------------ tensor-core helpers
 template <class T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
 template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) { return gk::pack_half2(lo, hi); }
@@ -257,8 +270,14 @@ __device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[
 // ====================================================================== float32 (SIMT)
 // 256 threads = 16 (ty) x 16 (tx).  Thread (ty, tx) owns rows ty*TM .. +TM of the block,
 // score columns tx*TN .. +TN of a key tile, and output columns qd*64 + tx*4 .. +4.
-// Shared memory: Qs [DMAX][BM+4] (Q^T, pre-scaled), Ks [DMAX][BN+4] (K^T; reused for P^T
-// [BN][BM+4] after the scores are in registers), Vs [BN][DMAX+4].
+// Shared memory: Qs [DMAX][BM+4] (Q^T, pre-scaled), Ks [DMAX][BN+4] (K^T; reused for P
+// [BM][BN+4] after the scores are in registers), Vs [BN][DMAX+4].
+// Bank conflicts (scripts/emu_perf_report.py counts them): the transposing stores give each
+// warp 4 rows x 8 columns of Q (Q^T rows are BM+4 = 4 mod 8 words apart: 8 q-columns x 4 rows
+// cover 32 banks) and 16 keys x 2 float4 chunks of K and V (K^T rows d and d+4 are 16 banks
+// apart); global loads stay whole 32-byte sectors.  P is stored row-major with float4 stores
+// (a quarter warp writes 32 consecutive words) and read back as float4 along the keys
+// (broadcast: a quarter warp shares ty); every inner-loop load is conflict-free.
 template <int DMAX, int BM>
 __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
@@ -267,8 +286,9 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
   using namespace gk_attn;
   constexpr int BN = DMAX == 256 ? 32 : 64;
   constexpr int TM = BM / 16, TN = BN / 16, NQ = DMAX / 64;
-  constexpr int QLD = BM + 4, KLD = BN + 4, VLD = DMAX + 4;
-  static_assert(BN * QLD <= DMAX * KLD, "P tile must fit the K tile");
+  constexpr int QLD = BM + 4, KLD = BN + 4, VLD = DMAX + 4, PLD = BN + 4;
+  static_assert(BM * PLD <= DMAX * KLD, "P tile must fit the K tile");
+  static_assert(BM % 4 == 0 && DMAX % 8 == 0 && BN % 16 == 0, "tile shapes of the load mappings");
   GK_ATTN_MAKE_ARGS(a);
   extern __shared__ __align__(16) unsigned char gk_attn_smem[];
   float* Qs = reinterpret_cast<float*>(gk_attn_smem);
@@ -278,8 +298,10 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
   const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
   const int rho0 = a.rb * BM;
 
+  // Q^T: lane l of a group of 32 takes row (l >> 3) of 4 and column (l & 7) of 8
   for (int idx = tid; idx < BM * DMAX; idx += 256) {
-    int r = idx / DMAX, d = idx % DMAX;
+    const int grp = idx >> 5, l = idx & 31;
+    const int r = (grp % (BM / 4)) * 4 + (l >> 3), d = (grp / (BM / 4)) * 8 + (l & 7);
     int rho = rho0 + r;
     float val = 0.0f;
     if (rho < a.M && d < a.D) val = q_row_f(q, a, rho)[d] * a.scale;
@@ -301,8 +323,10 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
     const int j0 = t * BN;
     __syncthreads();  // the previous tile's P and V are consumed
     if (a.vec_ok) {   // 16-byte loads: D, Dv multiples of 4, aligned rows
+      // lane l of a group of 32 takes key (l & 15) of 16 and float4 chunk (l >> 4) of 2
       for (int idx = tid; idx < BN * (DMAX / 4); idx += 256) {
-        int c = idx / (DMAX / 4), d = (idx % (DMAX / 4)) * 4;
+        const int grp = idx >> 5, l = idx & 31;
+        const int c = (grp % (BN / 16)) * 16 + (l & 15), d = ((grp / (BN / 16)) * 2 + (l >> 4)) * 4;
         int j = j0 + c;
         float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
         if (j < a.T) {
@@ -354,25 +378,26 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
 #pragma unroll
       for (int c = 0; c < 4 * NQ; ++c) o[i][c] *= alpha;
     }
-    __syncthreads();  // every thread is done reading Ks: reuse it for P^T
+    __syncthreads();  // every thread is done reading Ks: reuse it for P
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-      for (int j = 0; j < TN; ++j) Ps[(tx * TN + j) * QLD + ty * TM + i] = s[i][j];
+    for (int i = 0; i < TM; ++i) sts<TN>(Ps + (ty * TM + i) * PLD + tx * TN, s[i]);
     __syncthreads();
-#pragma unroll 4
-    for (int c = 0; c < BN; ++c) {
-      float ap[TM];
-      gk::lds<TM>(Ps + c * QLD + ty * TM, ap);
+#pragma unroll 1
+    for (int c0 = 0; c0 < BN; c0 += 4) {
+      float ap[TM][4];
 #pragma unroll
-      for (int qd = 0; qd < NQ; ++qd) {
-        float vv[4];
-        gk::lds<4>(Vs + c * VLD + qd * 64 + tx * 4, vv);
+      for (int i = 0; i < TM; ++i) gk::lds<4>(Ps + (ty * TM + i) * PLD + c0, ap[i]);
 #pragma unroll
-        for (int i = 0; i < TM; ++i)
+      for (int cc = 0; cc < 4; ++cc)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[i][qd * 4 + e] = fmaf(ap[i], vv[e], o[i][qd * 4 + e]);
-      }
+        for (int qd = 0; qd < NQ; ++qd) {
+          float vv[4];
+          gk::lds<4>(Vs + (c0 + cc) * VLD + qd * 64 + tx * 4, vv);
+#pragma unroll
+          for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[i][qd * 4 + e] = fmaf(ap[i][cc], vv[e], o[i][qd * 4 + e]);
+        }
     }
   }
 

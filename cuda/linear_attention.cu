@@ -112,24 +112,18 @@ __global__ void gk_la_recurrent(const T* __restrict__ q, const T* __restrict__ k
 }
 
 // ---------------------------------------------------------------------- chunked form
-namespace gk_la {
-
-// decay factor exp(Gam_i[d] - Gam_j[d]) for decay width dg (0 none, 1 per head, else per key)
-__device__ __forceinline__ float pair_decay(const float* Gs, int dg, int i, int j, int d) {
-  if (dg == 0) return 1.0f;
-  if (dg == 1) return expf(Gs[i] - Gs[j]);
-  return expf(Gs[i * dg + d] - Gs[j * dg + d]);
-}
-
-}  // namespace gk_la
-
 // Chunk-local parts of chunks [c0, c0 + gridDim.x) (one block per (chunk, kv head, batch)).
 // Workspace per (b, h, local chunk) w = (b * Hkv + h) * nch + blockIdx.x:
 //   gam[w][C][dg]   cumulative log decay inside the chunk (dg = decay_width)
 //   wm[w][C][dk]    W = (I + A)^-1 beta K exp(Gam)          (delta rules)
 //   u0[w][C][dv]    U0 = (I + A)^-1 beta V                   (delta rules)
 //   mqk[w][G][C][C] M_j[t][s] = q_jt . k_s exp(Gam_t - Gam_s) for s <= t, 0 above
-// Dynamic shared memory: (2 C dk + C dg + C C + C + C blockDim.x) floats.
+// Dynamic shared memory: (2 C dk + C dg + C C + C + C blockDim.x) floats, an upper bound of
+// what the layout below uses: the rows of Ks and Gs are padded to an odd length (lk = dk | 1,
+// lg = dg | 1 when dg > 1) so that the 32 lanes of a warp reading column d of 32 different
+// rows (A and M: lane = key s or j) hit 32 different banks -- with dk a multiple of 32 they
+// would all hit one; the padding (at most 2 C floats) fits in the row of X that is never
+// stored (X keeps C - 1 rows: row C - 1 is read by no later row), as long as blockDim.x >= 2 C.
 template <class T>
 __global__ void __launch_bounds__(256)
 gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -140,10 +134,11 @@ gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __re
   using gk_la::C;
   extern __shared__ float smem[];
   const int dg = decay_width;
-  float* Ks = smem;            // C x dk
-  float* Qs = Ks + C * dk;     // C x dk
-  float* Gs = Qs + C * dk;     // C x dg
-  float* A = Gs + C * dg;      // C x C
+  const int lk = dk | 1, lg = dg > 1 ? (dg | 1) : dg;  // padded row lengths (odd)
+  float* Ks = smem;            // C x lk
+  float* Qs = Ks + C * lk;     // C x dk (read by rows: a warp reads one row)
+  float* Gs = Qs + C * dk;     // C x lg
+  float* A = Gs + C * lg;      // C x C
   float* bs = A + C * C;       // C
   const int tid = threadIdx.x, nt = blockDim.x;
   const int h = blockIdx.y;
@@ -154,7 +149,7 @@ gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 
   for (int e = tid; e < C * dk; e += nt) {
     const int i = e / dk, d = e - i * dk, t = tbase + i;
-    Ks[e] = t < T_ ? gk::to_float(k[((b * T_ + t) * Hkv + h) * dk + d]) : 0.0f;
+    Ks[i * lk + d] = t < T_ ? gk::to_float(k[((b * T_ + t) * Hkv + h) * dk + d]) : 0.0f;
   }
   if (dg > 0) {
     for (int d = tid; d < dg; d += nt) {
@@ -162,7 +157,7 @@ gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __re
       for (int i = 0; i < C; ++i) {
         const int t = tbase + i;
         if (t < T_) acc += gk::to_float(decay[((b * T_ + t) * Hkv + h) * dg + d]);
-        Gs[i * dg + d] = acc;
+        Gs[i * lg + d] = acc;
         gam[(w * C + i) * dg + d] = acc;
       }
     }
@@ -182,9 +177,9 @@ gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __re
       float acc = 0.0f;
       if (j < i) {
         if (dg > 1) {
-          for (int d = 0; d < dk; ++d) acc += Ks[i * dk + d] * Ks[j * dk + d] * expf(Gs[i * dg + d] - Gs[j * dg + d]);
+          for (int d = 0; d < dk; ++d) acc += Ks[i * lk + d] * Ks[j * lk + d] * expf(Gs[i * lg + d] - Gs[j * lg + d]);
         } else {
-          for (int d = 0; d < dk; ++d) acc += Ks[i * dk + d] * Ks[j * dk + d];
+          for (int d = 0; d < dk; ++d) acc += Ks[i * lk + d] * Ks[j * lk + d];
           if (dg == 1) acc *= expf(Gs[i] - Gs[j]);
         }
         acc *= bs[i];
@@ -193,7 +188,7 @@ gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     }
     __syncthreads();
     // forward substitution, one column of [beta V | beta K exp(Gam)] per thread; the
-    // column's solution so far lives in shared memory (X, C x blockDim.x)
+    // column's solution so far lives in shared memory (X, (C - 1) x blockDim.x)
     float* X = bs + C;
     for (int col0 = 0; col0 < dv + dk; col0 += nt) {
       const int col = col0 + tid;
@@ -206,13 +201,13 @@ gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             r = t < T_ ? gk::to_float(v[((b * T_ + t) * Hkv + h) * dv + col]) : 0.0f;
           } else {
             const int d = col - dv;
-            r = Ks[i * dk + d];
+            r = Ks[i * lk + d];
             if (dg == 1) r *= expf(Gs[i]);
-            else if (dg > 1) r *= expf(Gs[i * dg + d]);
+            else if (dg > 1) r *= expf(Gs[i * lg + d]);
           }
           r *= bs[i];
           for (int j = 0; j < i; ++j) r -= A[i * C + j] * X[j * nt + tid];
-          X[i * nt + tid] = r;
+          if (i + 1 < C) X[i * nt + tid] = r;
           if (col < dv) u0[(w * C + i) * dv + col] = r;
           else wm[(w * C + i) * dk + (col - dv)] = r;
         }
@@ -234,9 +229,9 @@ gk_la_chunk_prep(const T* __restrict__ q, const T* __restrict__ k, const T* __re
       float acc = 0.0f;
       if (s <= i) {
         if (dg > 1) {
-          for (int d = 0; d < dk; ++d) acc += Qs[i * dk + d] * Ks[s * dk + d] * expf(Gs[i * dg + d] - Gs[s * dg + d]);
+          for (int d = 0; d < dk; ++d) acc += Qs[i * dk + d] * Ks[s * lk + d] * expf(Gs[i * lg + d] - Gs[s * lg + d]);
         } else {
-          for (int d = 0; d < dk; ++d) acc += Qs[i * dk + d] * Ks[s * dk + d];
+          for (int d = 0; d < dk; ++d) acc += Qs[i * dk + d] * Ks[s * lk + d];
           if (dg == 1) acc *= expf(Gs[i] - Gs[s]);
         }
       }

@@ -32,7 +32,9 @@
 #   bench   150 /  60  benchmarks/bench_gpu.py --bench-only: CUDA events around prepared
 #                      launches and CUDA graphs, host time per run(), PyTorch (IEEE and TF32
 #                      float32) -- emulator: scripts/launch_overhead.py (host time per launch)
-#   total   520 / 750  plus the summary; Python steps also stop themselves 10-15 s before
+#   perf      - / 240  emulator only: scripts/emu_perf_report.py --summary, shared-memory bank
+#                      conflicts and global-memory sectors per request of the hot kernels
+#   total   520 / 990  plus the summary; Python steps also stop themselves 10-15 s before
 #                      their budget, so their own summaries are printed.
 #
 # Logs: every step's full output goes to $OUT/gpu_check_<step>.log (build/gpu_check/ when OUT
@@ -49,7 +51,7 @@ export CUPY_CACHE_DIR="${CUPY_CACHE_DIR:-$REPO/build/cupy_cache}"
 # leaves unwritten cannot pass by luck (the benchmarks time on an unpoisoned backend)
 export GPUKERNELS_CUDA_POISON=1
 
-EMULATOR=0 QUICK="" NO_BENCH=0 SEED="" STEPS="probe,warmup,tests,parity,bench" SCALE=1
+EMULATOR=0 QUICK="" NO_BENCH=0 SEED="" STEPS="probe,warmup,tests,parity,bench,perf" SCALE=1
 JOBS="$(nproc 2>/dev/null || echo 4)"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -71,7 +73,7 @@ LOGDIR="${OUT:-$REPO/build/gpu_check}"
 mkdir -p "$LOGDIR" "$CUPY_CACHE_DIR"
 rm -f "$LOGDIR"/gpu_check_*.log "$LOGDIR"/gpu_check_*.txt
 if [ "$EMULATOR" = 1 ]; then
-  declare -A BUDGET=([probe]=60 [warmup]=300 [tests]=180 [parity]=150 [bench]=60)
+  declare -A BUDGET=([probe]=60 [warmup]=300 [tests]=180 [parity]=150 [bench]=60 [perf]=240)
   MODE=emulator
 else
   declare -A BUDGET=([probe]=30 [warmup]=100 [tests]=160 [parity]=80 [bench]=150)
@@ -158,6 +160,10 @@ else
       run_step bench "RotaryEmbedding run" "$PY" scripts/launch_overhead.py --repeat 100
     fi
   fi
+  # shared-memory bank conflicts and global-memory sectors of the hot kernels (emulator)
+  if [ "$MODE" = emulator ] && want perf; then
+    run_step perf "^gk_la_chunk_prep" "$PY" scripts/emu_perf_report.py --summary
+  fi
 fi
 
 {
@@ -168,6 +174,9 @@ fi
   done
   if [ "$MODE" = emulator ] && [ -s "$LOGDIR/gpu_check_bench.log" ]; then
     echo "---- host time per call (scripts/launch_overhead.py)"; grep -E "^  " "$LOGDIR/gpu_check_bench.log"
+  fi
+  if [ "$MODE" = emulator ] && [ -s "$LOGDIR/gpu_check_perf.log" ]; then
+    echo "---- emulator performance counters"; sed -n '/^kernel /,/^$/p' "$LOGDIR/gpu_check_perf.log"
   fi
   echo "==== gpukernels device check ($MODE, seed $SEED): $((SECONDS - T_START)) s, logs in $LOGDIR"
   printf '%-7s %-9s %9s %s\n' step status "time/budget" "key line"

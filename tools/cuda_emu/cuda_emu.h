@@ -23,6 +23,10 @@
 //     default -fsanitize=alignment (trap mode), an access through a misaligned pointer
 //     (SIGILL) end the launch with an error instead of crashing or passing by luck.
 //
+//   * performance counters (builds with -DGK_EMU_PERF and -fsanitize=thread, made by the
+//     driver for EmuBackend(perf=True)): shared-memory bank-conflict ways and global-memory
+//     sectors of every warp-wide access, per call site (see "performance counters" below).
+//
 // Not modelled: memory ordering races between threads of a block inside one barrier
 // interval (fibers run one at a time, so a missing __syncthreads may go unnoticed when
 // the schedule happens to be benign), warp-synchronous code without *_sync primitives,
@@ -59,11 +63,29 @@
 #include <utility>
 #include <vector>
 
+#ifdef GK_EMU_PERF
+// Performance counters (GK_EMU_PERF builds, see the "performance counters" section below):
+// the kernel code is compiled with -fsanitize=thread, whose instrumentation calls
+// __tsan_readN/__tsan_writeN before every memory access; this header defines those
+// functions (no TSan runtime is linked) and the emulator's own code is left uninstrumented.
+#include <dlfcn.h>
+#include <link.h>
+#define GK_EMU_RT __attribute__((no_sanitize("thread")))
+#define GK_EMU_RT_NOINLINE __attribute__((no_sanitize("thread"), noinline))
+#else
+#define GK_EMU_RT
+#define GK_EMU_RT_NOINLINE
+#endif
+
 // ---------------------------------------------------------------- keywords
 #define __global__
 #define __device__
 #define __host__
+#ifdef GK_EMU_PERF
+#define __forceinline__ inline __attribute__((always_inline))
+#else
 #define __forceinline__ inline
+#endif
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
 #define __shared__ static thread_local
@@ -157,6 +179,10 @@ struct Block {
   size_t dyn_smem_size = 0;
 };
 
+#ifdef GK_EMU_PERF
+namespace perf { struct PerfWorker; }
+#endif
+
 struct Worker {
   jmp_buf sched_jb;
   ucontext_t sched_uc;
@@ -168,16 +194,395 @@ struct Worker {
   std::vector<unsigned char> dyn;
   std::string error;
   bool failed = false;
+#ifdef GK_EMU_PERF
+  perf::PerfWorker* perf = nullptr;
+  bool in_runtime = false;  // a warp collective's body runs: its memory accesses are not the kernel's
+#endif
 };
 
 inline thread_local Worker* tl_worker = nullptr;
 inline size_t g_stack_size = 256 * 1024;
 
+#ifdef GK_EMU_PERF
+// ---------------------------------------------------------------- performance counters
+// The access model (README.md, "Performance counters"):
+//   * every instrumented load/store of a thread is classified by address: shared memory
+//     (the block's dynamic shared memory, or this module's thread-local block, where
+//     static __shared__ arrays live, minus the emulator's own thread_locals), global memory
+//     (a device buffer the driver registered), anything else (locals on the fiber stack,
+//     the emulator's structures) is ignored;
+//   * a thread's accesses are kept in order (its trace) until the warp reconverges: a
+//     __syncthreads every live thread reached, a warp collective every live lane reached,
+//     the end of the block.  Then the 32 traces are merged into warp instructions: lane
+//     0's trace is the first list of instructions, and each further lane's accesses are
+//     matched in order to the next instruction of the same site (the same call of
+//     __tsan_*: one PC of the kernel) or, when none follows, inserted as a new instruction
+//     (the lanes that skipped it were inactive, as under SIMT divergence);
+//   * consecutive 1-byte accesses of one lane at one site within one aligned 16-byte chunk
+//     are one access (the emulator's byte-wise cp.async);
+//   * shared memory: 32 banks of 4 bytes.  An instruction whose widest lane access is
+//     <= 4 bytes is one phase of 32 lanes, 8 bytes two phases of 16 lanes, 16 bytes four
+//     phases of 8 lanes (ldmatrix: one 8x8 matrix, i.e. 8 row addresses, per phase).  The
+//     ways of a phase = the most distinct 4-byte words any one bank holds among the words
+//     its lanes touch (lanes reading the same word share it: broadcast); an instruction's
+//     ways = the max over its phases, its wavefronts = the sum, its ideal wavefronts = the
+//     number of phases with an active lane;
+//   * global memory: sectors = distinct 32-byte aligned segments the lanes' bytes touch;
+//     ideal = ceil(distinct bytes / 32).
+namespace perf {
+// (Library templates -- std::sort, containers -- would be instrumented themselves: the
+// counters use plain arrays and loops, and in_runtime keeps anything else out.)
+
+enum : unsigned char { SHARED = 0, GLOBAL = 1 };
+
+struct SiteKey {
+  uintptr_t pc;
+  unsigned char space, store;
+};
+
+constexpr int NFIELDS = 10;
+struct Stats {
+  unsigned long long requests, lanes, bytes, ways_sum, ways_max, conflicted, wavefronts, ideal_wavefronts, sectors,
+      ideal_sectors;
+};
+
+struct Access {
+  uintptr_t addr;
+  unsigned site;
+  unsigned short size;
+  unsigned char bytewise;
+};
+struct Instr {  // one warp instruction: the lanes that took part and their accesses
+  unsigned site;
+  unsigned mask;
+  uintptr_t addr[32];
+  unsigned short size[32];
+};
+struct Range {
+  uintptr_t lo, hi;
+};
+
+// A growable array of trivially copyable T (malloc'd; zero-initialised growth).
+template <class T>
+struct Buf {
+  T* data = nullptr;
+  size_t n = 0, cap = 0;
+  GK_EMU_RT void reserve(size_t c) {
+    if (c <= cap) return;
+    size_t nc = cap ? cap : 16;
+    while (nc < c) nc *= 2;
+    data = static_cast<T*>(std::realloc(data, nc * sizeof(T)));
+    if (!data) std::abort();
+    std::memset(static_cast<void*>(data + cap), 0, (nc - cap) * sizeof(T));
+    cap = nc;
+  }
+  GK_EMU_RT T& push(const T& v) {
+    reserve(n + 1);
+    data[n] = v;
+    return data[n++];
+  }
+  GK_EMU_RT void insert(size_t i, const T& v) {
+    reserve(n + 1);
+    std::memmove(static_cast<void*>(data + i + 1), static_cast<const void*>(data + i), (n - i) * sizeof(T));
+    data[i] = v;
+    ++n;
+  }
+  GK_EMU_RT void release() {
+    std::free(data);
+    data = nullptr;
+    n = cap = 0;
+  }
+};
+
+struct Global {
+  Worker* worker = nullptr;  // the one worker of a counted launch (a plain global: no TLS lookup per access)
+  Buf<Range> ranges;         // device buffers, sorted by lo
+  Buf<SiteKey> sites;        // the last launch's counters
+  Buf<Stats> stats;
+};
+inline Global g;
+
+struct PerfWorker {
+  uintptr_t tls_lo = 0, tls_hi = 0, skip_lo = 0, skip_hi = 0;
+  Buf<SiteKey> sites;  // site id -> key
+  Buf<Stats> stats;    // by site id
+  Buf<unsigned> table; // open addressing: site id + 1, 0 = empty
+  Buf<Buf<Access>> traces;  // by thread of the block
+  Buf<Instr> merged;
+};
+
+// This module's thread-local block for the calling thread (static __shared__ arrays are
+// `static thread_local`), without the emulator's tl_worker (read by threadIdx & co.).
+GK_EMU_RT inline void tls_range(PerfWorker& p) {
+  Dl_info info;
+  if (!dladdr(reinterpret_cast<void*>(&tls_range), &info)) return;
+  void* data = nullptr;
+  if (void* h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
+    dlinfo(h, RTLD_DI_TLS_DATA, &data);
+    dlclose(h);
+  }
+  struct Ctx { uintptr_t base; size_t size; } ctx{reinterpret_cast<uintptr_t>(info.dli_fbase), 0};
+  dl_iterate_phdr(
+      [](dl_phdr_info* i, size_t, void* c) -> int {
+        Ctx* x = static_cast<Ctx*>(c);
+        if (i->dlpi_addr != x->base) return 0;
+        for (int k = 0; k < i->dlpi_phnum; ++k)
+          if (i->dlpi_phdr[k].p_type == PT_TLS) x->size = i->dlpi_phdr[k].p_memsz;
+        return 1;
+      },
+      &ctx);
+  if (data) {
+    p.tls_lo = reinterpret_cast<uintptr_t>(data);
+    p.tls_hi = p.tls_lo + ctx.size;
+  }
+  p.skip_lo = reinterpret_cast<uintptr_t>(&tl_worker);
+  p.skip_hi = p.skip_lo + sizeof(tl_worker);
+}
+
+GK_EMU_RT inline int classify(Worker* w, uintptr_t a) {
+  const Fiber* f = w->cur;
+  if (a >= reinterpret_cast<uintptr_t>(f->stack) && a < reinterpret_cast<uintptr_t>(f->stack) + w->stack_size)
+    return -1;  // the thread's locals
+  Block* b = w->block;
+  const uintptr_t d = reinterpret_cast<uintptr_t>(b->dyn_smem);
+  if (a >= d && a < d + b->dyn_smem_size) return SHARED;
+  const PerfWorker* p = w->perf;
+  if (a >= p->tls_lo && a < p->tls_hi && !(a >= p->skip_lo && a < p->skip_hi)) return SHARED;
+  size_t lo = 0, hi = g.ranges.n;  // the last range starting at or below a
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (g.ranges.data[mid].lo <= a) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo > 0 && a < g.ranges.data[lo - 1].hi) return GLOBAL;
+  return -1;
+}
+
+GK_EMU_RT inline unsigned site_id(PerfWorker* p, uintptr_t pc, int space, bool store) {
+  if (p->table.cap < 2 * (p->sites.n + 1)) {  // grow and rehash
+    Buf<unsigned> t;
+    t.reserve(p->table.cap ? 2 * p->table.cap : 1024);
+    t.n = t.cap;
+    for (size_t i = 0; i < p->sites.n; ++i) {
+      size_t h = (p->sites.data[i].pc * 0x9E3779B97F4A7C15ull) >> 20;
+      while (t.data[h & (t.cap - 1)]) ++h;
+      t.data[h & (t.cap - 1)] = (unsigned)i + 1;
+    }
+    p->table.release();
+    p->table = t;
+  }
+  size_t h = (pc * 0x9E3779B97F4A7C15ull) >> 20;
+  for (;; ++h) {
+    unsigned& slot = p->table.data[h & (p->table.cap - 1)];
+    if (!slot) {
+      p->sites.push(SiteKey{pc, (unsigned char)space, (unsigned char)store});
+      p->stats.push(Stats{});
+      slot = (unsigned)p->sites.n;
+      return slot - 1;
+    }
+    const SiteKey& k = p->sites.data[slot - 1];
+    if (k.pc == pc && k.space == space && k.store == store) return slot - 1;
+  }
+}
+
+GK_EMU_RT inline void record(Worker* w, uintptr_t a, unsigned size, bool store, uintptr_t pc, int space) {
+  PerfWorker* p = w->perf;
+  const unsigned id = site_id(p, pc, space, store);
+  Buf<Access>& tr = p->traces.data[w->cur->linear];
+  if (size == 1) {  // a byte-wise copy: contiguous bytes within one 16-byte chunk are one access
+    for (size_t back = 1; back <= 2 && back <= tr.n; ++back) {
+      Access& e = tr.data[tr.n - back];
+      if (e.site == id && e.bytewise && e.addr + e.size == a && (e.addr >> 4) == (a >> 4)) {
+        e.size++;
+        return;
+      }
+    }
+  }
+  tr.push(Access{a, id, (unsigned short)size, (unsigned char)(size == 1)});
+}
+
+GK_EMU_RT inline void hook(const void* ptr, unsigned size, bool store, const void* pc) {
+  Worker* w = g.worker;
+  if (!w || !w->cur || w->in_runtime) return;
+  w->in_runtime = true;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
+  const int space = classify(w, a);
+  if (space >= 0) record(w, a, size, store, reinterpret_cast<uintptr_t>(pc), space);
+  w->in_runtime = false;
+}
+
+struct Iv {
+  uintptr_t lo, hi;
+};
+GK_EMU_RT inline void small_sort(Iv* x, int n) {  // insertion sorts (n <= a few hundred)
+  for (int i = 1; i < n; ++i) {
+    const Iv v = x[i];
+    int j = i - 1;
+    for (; j >= 0 && v.lo < x[j].lo; --j) x[j + 1] = x[j];
+    x[j + 1] = v;
+  }
+}
+GK_EMU_RT inline void small_sort(uintptr_t* x, int n) {
+  for (int i = 1; i < n; ++i) {
+    const uintptr_t v = x[i];
+    int j = i - 1;
+    for (; j >= 0 && v < x[j]; --j) x[j + 1] = x[j];
+    x[j + 1] = v;
+  }
+}
+
+GK_EMU_RT inline void account(Stats& s, int space, const Instr& I) {
+  const unsigned mask = I.mask;
+  if (!mask) return;
+  Iv iv[32];
+  int n = 0;
+  unsigned widest = 0;
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1u) {
+      iv[n++] = Iv{I.addr[l], I.addr[l] + I.size[l]};
+      if (I.size[l] > widest) widest = I.size[l];
+    }
+  small_sort(iv, n);
+  unsigned long long unique = 0, sectors = 0;
+  uintptr_t hi = 0;
+  long long last_sector = -1;
+  for (int i = 0; i < n; ++i) {
+    const uintptr_t lo = iv[i].lo > hi ? iv[i].lo : hi;
+    if (iv[i].hi > lo) {
+      unique += iv[i].hi - lo;
+      long long first = (long long)(lo >> 5);
+      const long long last = (long long)((iv[i].hi - 1) >> 5);
+      if (first <= last_sector) first = last_sector + 1;
+      if (last >= first) sectors += last - first + 1;
+      if (last > last_sector) last_sector = last;
+      hi = iv[i].hi;
+    }
+  }
+  s.requests++;
+  s.lanes += __builtin_popcount(mask);
+  s.bytes += unique;
+  if (space == GLOBAL) {
+    s.sectors += sectors;
+    s.ideal_sectors += (unique + 31) / 32;
+    return;
+  }
+  const int per_phase = widest <= 4 ? 32 : widest <= 8 ? 16 : 8;
+  unsigned ways_max = 0;
+  for (int ph = 0; ph < 32; ph += per_phase) {
+    const unsigned pm = per_phase == 32 ? mask : mask & (((1u << per_phase) - 1u) << ph);
+    if (!pm) continue;
+    uintptr_t words[256];
+    int nw = 0;
+    for (int l = ph; l < ph + per_phase; ++l)
+      if (pm >> l & 1u)
+        for (uintptr_t wd = I.addr[l] >> 2; wd <= (I.addr[l] + I.size[l] - 1) >> 2 && nw < 256; ++wd)
+          words[nw++] = wd;
+    small_sort(words, nw);
+    int bank[32] = {0};
+    unsigned ways = 0;
+    for (int i = 0; i < nw; ++i)
+      if (i == 0 || words[i] != words[i - 1]) {
+        const unsigned c = (unsigned)++bank[words[i] & 31];
+        if (c > ways) ways = c;
+      }
+    s.wavefronts += ways;
+    s.ideal_wavefronts += 1;
+    if (ways > ways_max) ways_max = ways;
+  }
+  s.ways_sum += ways_max;
+  if (ways_max > s.ways_max) s.ways_max = ways_max;
+  if (ways_max > 1) s.conflicted++;
+}
+
+// Merge the traces of warp `warp`'s lanes into warp instructions and count them.
+GK_EMU_RT inline void flush_warp(Worker* w, int warp) {
+  PerfWorker* p = w->perf;
+  const int base = warp * 32, nl = w->block->nthreads - base < 32 ? w->block->nthreads - base : 32;
+  Buf<Instr>& M = p->merged;
+  M.n = 0;
+  for (int l = 0; l < nl; ++l) {
+    Buf<Access>& tr = p->traces.data[base + l];
+    size_t pos = 0;
+    for (size_t i = 0; i < tr.n; ++i) {
+      const Access& e = tr.data[i];
+      size_t q = pos;
+      const size_t lim = M.n < pos + 4096 ? M.n : pos + 4096;
+      while (q < lim && M.data[q].site != e.site) ++q;
+      if (q == lim) {
+        q = pos;
+        Instr fresh;
+        fresh.site = e.site;
+        fresh.mask = 0;
+        M.insert(q, fresh);
+      }
+      Instr& I = M.data[q];
+      I.mask |= 1u << l;
+      I.addr[l] = e.addr;
+      I.size[l] = e.size;
+      pos = q + 1;
+    }
+    tr.n = 0;
+  }
+  for (size_t i = 0; i < M.n; ++i) {
+    const Instr& I = M.data[i];
+    account(p->stats.data[I.site], p->sites.data[I.site].space, I);
+  }
+  M.n = 0;
+}
+
+GK_EMU_RT inline void flush_block(Worker* w) {
+  if (!w->perf) return;
+  const bool was = w->in_runtime;
+  w->in_runtime = true;
+  const int nwarps = (w->block->nthreads + 31) / 32;
+  for (int i = 0; i < nwarps; ++i) flush_warp(w, i);
+  w->in_runtime = was;
+}
+
+GK_EMU_RT inline void block_begin(Worker* w, int nthreads) {
+  PerfWorker* p = w->perf;
+  p->traces.reserve((size_t)nthreads);
+  if (p->traces.n < (size_t)nthreads) p->traces.n = (size_t)nthreads;
+  for (size_t i = 0; i < p->traces.n; ++i) p->traces.data[i].n = 0;
+}
+
+GK_EMU_RT inline void worker_begin(Worker& w) {
+  w.in_runtime = true;
+  w.perf = new PerfWorker();
+  tls_range(*w.perf);
+  g.worker = &w;
+  w.in_runtime = false;
+}
+GK_EMU_RT inline void worker_end(Worker& w) {
+  if (!w.perf) return;
+  w.in_runtime = true;
+  g.worker = nullptr;
+  PerfWorker* p = w.perf;
+  if (!w.failed) {
+    for (size_t i = 0; i < p->sites.n; ++i) {
+      g.sites.push(p->sites.data[i]);
+      g.stats.push(p->stats.data[i]);
+    }
+  }
+  for (size_t i = 0; i < p->traces.cap; ++i) p->traces.data[i].release();
+  p->traces.release();
+  p->sites.release();
+  p->stats.release();
+  p->table.release();
+  p->merged.release();
+  delete p;
+  w.perf = nullptr;
+  w.in_runtime = false;
+}
+
+}  // namespace perf
+#endif
+
 struct EmuError {
   std::string message;
 };
 
-[[noreturn]] inline void fail(const std::string& message) {
+[[noreturn]] GK_EMU_RT inline void fail(const std::string& message) {
   Worker* w = tl_worker;
   std::string where;
   if (w && w->cur && w->block) {
@@ -195,16 +600,16 @@ struct EmuError {
   throw EmuError{message + where};
 }
 
-inline Fiber* cur_fiber() { return tl_worker->cur; }
-inline Block* cur_block() { return tl_worker->block; }
+GK_EMU_RT inline Fiber* cur_fiber() { return tl_worker->cur; }
+GK_EMU_RT inline Block* cur_block() { return tl_worker->block; }
 
-inline void yield() {
+GK_EMU_RT inline void yield() {
   Worker* w = tl_worker;
   Fiber* f = w->cur;
   if (!_setjmp(f->jb)) _longjmp(w->sched_jb, 1);
 }
 
-inline void fiber_entry() {
+GK_EMU_RT inline void fiber_entry() {
   Worker* w = tl_worker;
   w->body();
   Fiber* f = w->cur;
@@ -216,13 +621,16 @@ inline void fiber_entry() {
   // a pending block barrier may now be complete
   if (b->bar_arrived > 0 && b->bar_arrived + b->n_done == b->nthreads) {
     b->bar_arrived = 0;
+#ifdef GK_EMU_PERF
+    perf::flush_block(w);
+#endif
     for (auto& g : b->fibers)
       if (g.state == F_WAIT_BAR) g.state = F_RUNNABLE;
   }
   _longjmp(w->sched_jb, 1);
 }
 
-inline void syncthreads_impl(int pred) {
+GK_EMU_RT inline void syncthreads_impl(int pred) {
   Worker* w = tl_worker;
   Block* b = w->block;
   Fiber* f = w->cur;
@@ -234,6 +642,9 @@ inline void syncthreads_impl(int pred) {
   if (b->bar_arrived + b->n_done == b->nthreads) {
     b->bar_arrived = 0;
     b->bar_result = b->bar_count;
+#ifdef GK_EMU_PERF
+    perf::flush_block(w);  // every live thread is here: its accesses so far are complete
+#endif
     for (auto& g : b->fibers)
       if (g.state == F_WAIT_BAR) g.state = F_RUNNABLE;
   }
@@ -242,7 +653,7 @@ inline void syncthreads_impl(int pred) {
 
 // A warp collective: every lane in mask (that exists) arrives with its in/out pointers;
 // the last to arrive runs fn over all slots, then all continue.
-inline void warp_collective(unsigned mask, const void* in, void* out, CollectiveFn fn, void* ctx,
+GK_EMU_RT_NOINLINE inline void warp_collective(unsigned mask, const void* in, void* out, CollectiveFn fn, void* ctx,
                             const char* what) {
   Worker* w = tl_worker;
   Block* b = w->block;
@@ -264,8 +675,24 @@ inline void warp_collective(unsigned mask, const void* in, void* out, Collective
   W.slots[f->lane].in = in;
   W.slots[f->lane].out = out;
   W.arrived |= bit;
+#ifdef GK_EMU_PERF
+  // ldmatrix (common/mma.cuh): each lane gives one 16-byte row of shared memory
+  if (w->perf && what[0] == 'l' && std::strncmp(what, "ldmatrix", 8) == 0) {
+    w->in_runtime = true;
+    perf::record(w, *static_cast<const uintptr_t*>(in), 16, false,
+                 reinterpret_cast<uintptr_t>(__builtin_return_address(0)), perf::SHARED);
+    w->in_runtime = false;
+  }
+#endif
   if (W.arrived == need) {
+#ifdef GK_EMU_PERF
+    w->in_runtime = true;  // the collective's own reads (ldmatrix's rows) were counted above
     W.fn(W.slots, need, W.ctx);
+    if (w->perf && need == (W.exists & ~W.done)) perf::flush_warp(w, f->warp);
+    w->in_runtime = false;
+#else
+    W.fn(W.slots, need, W.ctx);
+#endif
     W.arrived = 0;
     for (int l = 0; l < 32; ++l)
       if (need & (1u << l)) {
@@ -284,7 +711,7 @@ struct ShflArgs {
   unsigned long long value;  // bit pattern, up to 8 bytes
   int src;                   // absolute source lane, or -1 for "keep own value"
 };
-inline void shfl_fn(const LaneSlot* s, unsigned parts, void*) {
+GK_EMU_RT inline void shfl_fn(const LaneSlot* s, unsigned parts, void*) {
   for (int l = 0; l < 32; ++l) {
     if (!(parts & (1u << l))) continue;
     const ShflArgs* a = static_cast<const ShflArgs*>(s[l].in);
@@ -298,7 +725,7 @@ inline void shfl_fn(const LaneSlot* s, unsigned parts, void*) {
 }
 
 template <class T>
-inline T shfl(unsigned mask, T var, int src, const char* what) {
+GK_EMU_RT inline T shfl(unsigned mask, T var, int src, const char* what) {
   static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
   ShflArgs a;
   a.value = 0;
@@ -311,30 +738,30 @@ inline T shfl(unsigned mask, T var, int src, const char* what) {
   return r;
 }
 
-inline int lane_id() { return tl_worker->cur->lane; }
+GK_EMU_RT inline int lane_id() { return tl_worker->cur->lane; }
 
-inline void vote_fn(const LaneSlot* s, unsigned parts, void*) {
+GK_EMU_RT inline void vote_fn(const LaneSlot* s, unsigned parts, void*) {
   unsigned ballot = 0;
   for (int l = 0; l < 32; ++l)
     if ((parts & (1u << l)) && *static_cast<const int*>(s[l].in)) ballot |= 1u << l;
   for (int l = 0; l < 32; ++l)
     if (parts & (1u << l)) *static_cast<unsigned*>(s[l].out) = ballot;
 }
-inline unsigned ballot(unsigned mask, int pred, const char* what) {
+GK_EMU_RT inline unsigned ballot(unsigned mask, int pred, const char* what) {
   int p = pred != 0;
   unsigned out = 0;
   warp_collective(mask, &p, &out, vote_fn, nullptr, what);
   return out;
 }
-inline void nop_fn(const LaneSlot*, unsigned, void*) {}
+GK_EMU_RT inline void nop_fn(const LaneSlot*, unsigned, void*) {}
 
-inline unsigned char* dynamic_shared() {
+GK_EMU_RT inline unsigned char* dynamic_shared() {
   Block* b = tl_worker->block;
   return b->dyn_smem;
 }
 
 // ---------------------------------------------------------------- launching
-inline char* new_stack(size_t size) {
+GK_EMU_RT inline char* new_stack(size_t size) {
   // one guard page below the stack catches overflows as SIGSEGV
   long page = sysconf(_SC_PAGESIZE);
   void* p = mmap(nullptr, size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -343,7 +770,7 @@ inline char* new_stack(size_t size) {
   return static_cast<char*>(p) + page;
 }
 
-inline void run_block(Worker& w, Block& b) {
+GK_EMU_RT inline void run_block(Worker& w, Block& b) {
   int n = b.nthreads;
   if ((int)w.stacks.size() < n || w.stack_size != g_stack_size) {
     w.stack_size = g_stack_size;
@@ -369,6 +796,9 @@ inline void run_block(Worker& w, Block& b) {
       }
   if (b.dyn_smem_size) std::memset(b.dyn_smem, 0xFF, b.dyn_smem_size);
   w.block = &b;
+#ifdef GK_EMU_PERF
+  if (w.perf) perf::block_begin(&w, n);
+#endif
   for (;;) {
     bool alive = false, progressed = false;
     for (int k = 0; k < n; ++k) {
@@ -395,7 +825,12 @@ inline void run_block(Worker& w, Block& b) {
       w.cur = nullptr;
       if (r == 2 || w.failed) return;
     }
-    if (!alive) break;
+    if (!alive) {
+#ifdef GK_EMU_PERF
+      perf::flush_block(&w);
+#endif
+      break;
+    }
     if (!progressed) {
       std::string msg = "deadlock: no thread of the block can proceed;";
       int shown = 0;
@@ -422,7 +857,7 @@ inline void run_block(Worker& w, Block& b) {
 inline thread_local sigjmp_buf* tl_fault_jb = nullptr;
 inline thread_local void* tl_fault_addr = nullptr;
 
-inline void fault_handler(int sig, siginfo_t* info, void*) {
+GK_EMU_RT inline void fault_handler(int sig, siginfo_t* info, void*) {
   if (tl_fault_jb) {
     tl_fault_addr = info->si_addr;
     siglongjmp(*tl_fault_jb, sig);
@@ -447,6 +882,9 @@ inline LaunchResult launch(dim3 grid, dim3 block, size_t smem, const std::functi
   if (nblocks <= 0) return {1, "empty grid", nullptr};
   if (nworkers < 1) nworkers = 1;
   if (nworkers > nblocks) nworkers = (int)nblocks;
+#ifdef GK_EMU_PERF
+  nworkers = 1;  // counted launches run their blocks on one OS thread (perf::g.worker)
+#endif
 
   std::atomic<long long> next{0};
   std::mutex mu;
@@ -469,6 +907,9 @@ inline LaunchResult launch(dim3 grid, dim3 block, size_t smem, const std::functi
     ss.ss_sp = altstack.data();
     ss.ss_size = altstack.size();
     sigaltstack(&ss, &old_ss);
+#ifdef GK_EMU_PERF
+    perf::worker_begin(w);
+#endif
     sigjmp_buf fjb;
     tl_fault_jb = &fjb;
     int sig = sigsetjmp(fjb, 1);
@@ -501,6 +942,9 @@ inline LaunchResult launch(dim3 grid, dim3 block, size_t smem, const std::functi
       if (result.status == 0 && sig != SIGILL) result.fault_addr = tl_fault_addr;
     }
     tl_fault_jb = nullptr;
+#ifdef GK_EMU_PERF
+    perf::worker_end(w);
+#endif
     sigaltstack(&old_ss, nullptr);
     tl_worker = nullptr;
     for (char* s : w.stacks) munmap(s - sysconf(_SC_PAGESIZE), w.stack_size + sysconf(_SC_PAGESIZE));
@@ -569,6 +1013,106 @@ inline LaunchResult launch_kernel(void (*fn)(P...), dim3 grid, dim3 block, size_
 }
 
 }  // namespace gk_emu
+
+#ifdef GK_EMU_PERF
+// ---------------------------------------------------------------- TSan entry points
+// Called by -fsanitize=thread instrumentation of the kernel code (no TSan runtime is linked).
+extern "C" {
+#define GK_EMU_TSAN_RW(N)                                                                                 \
+  GK_EMU_RT_NOINLINE void __tsan_read##N(void* p) { gk_emu::perf::hook(p, N, false, __builtin_return_address(0)); } \
+  GK_EMU_RT_NOINLINE void __tsan_write##N(void* p) { gk_emu::perf::hook(p, N, true, __builtin_return_address(0)); } \
+  GK_EMU_RT_NOINLINE void __tsan_unaligned_read##N(void* p) {                                           \
+    gk_emu::perf::hook(p, N, false, __builtin_return_address(0));                                        \
+  }                                                                                                       \
+  GK_EMU_RT_NOINLINE void __tsan_unaligned_write##N(void* p) {                                          \
+    gk_emu::perf::hook(p, N, true, __builtin_return_address(0));                                         \
+  }
+GK_EMU_TSAN_RW(1)
+GK_EMU_TSAN_RW(2)
+GK_EMU_TSAN_RW(4)
+GK_EMU_TSAN_RW(8)
+GK_EMU_TSAN_RW(16)
+#undef GK_EMU_TSAN_RW
+GK_EMU_RT void __tsan_init() {}
+GK_EMU_RT void __tsan_func_entry(void*) {}
+GK_EMU_RT void __tsan_func_exit() {}
+GK_EMU_RT void __tsan_vptr_update(void**, void*) {}
+GK_EMU_RT void __tsan_vptr_read(void**) {}
+GK_EMU_RT void __tsan_read_range(void*, unsigned long) {}
+GK_EMU_RT void __tsan_write_range(void*, unsigned long) {}
+// atomics of instrumented code (std::atomic in the launcher, the atomic*() helpers), done as
+// written (sequentially consistent) and not counted
+#define GK_EMU_TSAN_ATOMIC(N, T)                                                                          \
+  GK_EMU_RT T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
+  GK_EMU_RT void __tsan_atomic##N##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
+  GK_EMU_RT T __tsan_atomic##N##_exchange(volatile T* a, T v, int) {                                    \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                  \
+  }                                                                                                       \
+  GK_EMU_RT T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
+  GK_EMU_RT T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
+  GK_EMU_RT T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
+  GK_EMU_RT T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); } \
+  GK_EMU_RT T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
+  GK_EMU_RT T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) {                                  \
+    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                                  \
+  }                                                                                                       \
+  GK_EMU_RT int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {        \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);               \
+  }                                                                                                       \
+  GK_EMU_RT int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {          \
+    return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                \
+  }                                                                                                       \
+  GK_EMU_RT T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, int) {              \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                     \
+    return c;                                                                                             \
+  }
+GK_EMU_TSAN_ATOMIC(8, unsigned char)
+GK_EMU_TSAN_ATOMIC(16, unsigned short)
+GK_EMU_TSAN_ATOMIC(32, unsigned int)
+GK_EMU_TSAN_ATOMIC(64, unsigned long long)
+#undef GK_EMU_TSAN_ATOMIC
+GK_EMU_RT void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+GK_EMU_RT void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+
+// The driver's interface: register the device buffers before a launch, take the counters
+// after it (one record of 3 + NFIELDS u64 per site: pc offset in this library, space,
+// store, then the Stats fields in order).
+GK_EMU_RT void gk_emu_perf_set_ranges(const unsigned long long* pairs, size_t n) {
+  auto& r = gk_emu::perf::g.ranges;
+  r.n = 0;
+  for (size_t i = 0; i < n; ++i) r.push(gk_emu::perf::Range{(uintptr_t)pairs[2 * i], (uintptr_t)pairs[2 * i + 1]});
+  for (size_t i = 1; i < r.n; ++i)  // by lo
+    for (size_t j = i; j > 0 && r.data[j].lo < r.data[j - 1].lo; --j) {
+      gk_emu::perf::Range t = r.data[j];
+      r.data[j] = r.data[j - 1];
+      r.data[j - 1] = t;
+    }
+}
+GK_EMU_RT size_t gk_emu_perf_take(unsigned long long* out, size_t cap) {
+  auto& g = gk_emu::perf::g;
+  Dl_info info;
+  uintptr_t base = 0;
+  if (dladdr(reinterpret_cast<void*>(&gk_emu_perf_take), &info)) base = reinterpret_cast<uintptr_t>(info.dli_fbase);
+  const size_t n = g.sites.n;
+  if (n > cap) return n;  // kept until a buffer large enough comes
+  for (size_t i = 0; i < n; ++i) {
+    unsigned long long* o = out + i * (3 + gk_emu::perf::NFIELDS);
+    const gk_emu::perf::SiteKey& k = g.sites.data[i];
+    const gk_emu::perf::Stats& s = g.stats.data[i];
+    o[0] = k.pc - base - 1;  // the call instruction, not the return address
+    o[1] = k.space;
+    o[2] = k.store;
+    const unsigned long long f[gk_emu::perf::NFIELDS] = {s.requests, s.lanes, s.bytes, s.ways_sum, s.ways_max,
+                                                         s.conflicted, s.wavefronts, s.ideal_wavefronts,
+                                                         s.sectors, s.ideal_sectors};
+    for (int j = 0; j < gk_emu::perf::NFIELDS; ++j) o[3 + j] = f[j];
+  }
+  g.sites.n = 0;
+  g.stats.n = 0;
+  return n;
+}
+}
+#endif
 
 // ---------------------------------------------------------------- built-in variables
 #define threadIdx (::gk_emu::tl_worker->cur->tid)
@@ -751,13 +1295,13 @@ inline float __double2float_rn(double x) { return (float)x; }
 inline void sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
 inline void sincos(double x, double* s, double* c) { *s = std::sin(x); *c = std::cos(x); }
 inline float normcdff(float x) { return 0.5f * std::erfc(-x / std::sqrt(2.0f)); }
-template <class T> inline T __ldg(const T* p) { return *p; }
-template <class T> inline T __ldcs(const T* p) { return *p; }
-template <class T> inline T __ldcg(const T* p) { return *p; }
-template <class T> inline T __ldlu(const T* p) { return *p; }
-template <class T> inline void __stcs(T* p, T v) { *p = v; }
-template <class T> inline void __stcg(T* p, T v) { *p = v; }
-template <class T> inline void __stwt(T* p, T v) { *p = v; }
+template <class T> __forceinline__ T __ldg(const T* p) { return *p; }
+template <class T> __forceinline__ T __ldcs(const T* p) { return *p; }
+template <class T> __forceinline__ T __ldcg(const T* p) { return *p; }
+template <class T> __forceinline__ T __ldlu(const T* p) { return *p; }
+template <class T> __forceinline__ void __stcs(T* p, T v) { *p = v; }
+template <class T> __forceinline__ void __stcg(T* p, T v) { *p = v; }
+template <class T> __forceinline__ void __stwt(T* p, T v) { *p = v; }
 // fabsf, fmaxf, expf, ... come from <math.h> (global namespace), as in CUDA.
 using std::isnan; using std::isinf; using std::isfinite; using std::signbit;
 

@@ -70,6 +70,12 @@ CXXFLAGS = ["-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-pthread", "-U_FORT
 ALIGNMENT_FLAGS = ["-fsanitize=alignment", "-fsanitize-undefined-trap-on-error"]
 if os.environ.get("GK_EMU_ALIGNMENT", "1") != "0":
     CXXFLAGS += ALIGNMENT_FLAGS
+# Performance-counter builds (EmuBackend(perf=True), GK_EMU_PERF=1): the kernel code is
+# instrumented with -fsanitize=thread, whose __tsan_* calls cuda_emu.h defines (no TSan
+# runtime; see "Performance counters" in README.md).  -fno-tree-sra keeps a float4 / Vec
+# access one 16-byte access (as on the GPU) instead of four scalars; -g for the source lines.
+PERF_FLAGS = ["-DGK_EMU_PERF", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-fno-tree-sra",
+              "-g"]
 PAGE = mmap.PAGESIZE
 
 # extern __shared__ [__align__(n)] T name[];  ->  T* name = (T*)::gk_emu::dynamic_shared();
@@ -118,12 +124,17 @@ def _launcher(source: str, exprs: list[str]) -> str:
     for i, e in enumerate(exprs):
         lines.append(f"  {{{e!r}, L{i}, S{i}}},".replace("'", '"'))
     lines.append("};")
-    lines.append("thread_local std::string sig_buf;")
+    # a trivially constructed thread_local: no TLS guard variable, which would sit in the
+    # thread-local block that the performance counters take for static __shared__ arrays
+    lines.append("thread_local char sig_buf[2048];")
     lines.append("}  // namespace")
     lines.append(f"""
 extern "C" int gk_emu_count() {{ return {len(exprs)}; }}
 extern "C" const char* gk_emu_name(int i) {{ return entries[i].name; }}
-extern "C" const char* gk_emu_signature(int i) {{ sig_buf = entries[i].sig(); return sig_buf.c_str(); }}
+extern "C" const char* gk_emu_signature(int i) {{
+  std::snprintf(sig_buf, sizeof sig_buf, "%s", entries[i].sig().c_str());
+  return sig_buf;
+}}
 extern "C" void gk_emu_set_stack_size(size_t n) {{ gk_emu::g_stack_size = n; }}
 extern "C" int gk_emu_launch(int i, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                              size_t smem, void** args, int nworkers, char* err, size_t errlen, void** fault) {{
@@ -141,11 +152,16 @@ _build_lock = threading.Lock()
 class EmuLibrary:
     """A built shared library holding some instantiations of one source."""
 
-    def __init__(self, path: Path, source: str):
+    def __init__(self, path: Path, source: str, perf: bool = False):
         self.path = path
         self.source = source
+        self.perf = perf
         self.lib = ctypes.CDLL(str(path))
         lib = self.lib
+        if perf:
+            lib.gk_emu_perf_set_ranges.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t]
+            lib.gk_emu_perf_take.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_size_t]
+            lib.gk_emu_perf_take.restype = ctypes.c_size_t
         lib.gk_emu_count.restype = ctypes.c_int
         lib.gk_emu_name.restype = ctypes.c_char_p
         lib.gk_emu_name.argtypes = [ctypes.c_int]
@@ -163,13 +179,17 @@ class EmuLibrary:
             self.index[name] = (i, sig.split(",") if sig else [])
 
 
-def build(source: str, exprs: list[str], defines: tuple[str, ...] = ()) -> EmuLibrary:
-    """Compile source's instantiations exprs into a shared library (cached)."""
+def build(source: str, exprs: list[str], defines: tuple[str, ...] = (), perf: bool = False) -> EmuLibrary:
+    """Compile source's instantiations exprs into a shared library (cached); perf: with the
+    performance counters (PERF_FLAGS).  source is a file of cuda/ or, for test kernels, an
+    absolute path to a .cu file elsewhere (which may include cuda/'s common headers)."""
     src_root = gl.source_dir()
+    extra = Path(source) if os.path.isabs(source) else None
     header = (HERE / "cuda_emu.h").read_text()
-    launcher = _launcher(source, exprs)
+    launcher = _launcher(extra.name if extra else source, exprs)
     h = hashlib.sha256()
-    for part in (header, launcher, " ".join(CXXFLAGS), " ".join(defines), _compiler_id(), gl.sources_digest()):
+    for part in (header, launcher, " ".join(CXXFLAGS), " ".join(defines), _compiler_id(), gl.sources_digest(),
+                 " ".join(PERF_FLAGS) if perf else "", extra.read_text() if extra else ""):
         h.update(part.encode())
         h.update(b"\0")
     key = h.hexdigest()[:20]
@@ -186,20 +206,33 @@ def build(source: str, exprs: list[str], defines: tuple[str, ...] = ()) -> EmuLi
                     dst = stage / "src" / path.relative_to(src_root)
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     dst.write_text(rewrite_source(path.read_text()))
+            if extra:
+                (stage / "src" / extra.name).write_text(rewrite_source(extra.read_text()))
             (stage / "launcher.cpp").write_text(launcher)
-            cmd = [CXX, *CXXFLAGS, *[f"-D{d}" for d in defines], f"-I{HERE}", f"-I{stage / 'src'}",
-                   str(stage / "launcher.cpp"), "-o", str(stage / "kernels.so")]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                log = proc.stderr[-6000:]
-                raise CudaKernelError(f"emulator build of {source} failed:\n{' '.join(cmd)}\n{log}")
+            flags = [*CXXFLAGS, *[f"-D{d}" for d in defines], f"-I{HERE}", f"-I{stage / 'src'}"]
+            if perf:  # compile instrumented, link without the TSan runtime (cuda_emu.h has the hooks)
+                cmds = [[CXX, *[f for f in flags if f != "-shared"], *PERF_FLAGS, "-c",
+                         str(stage / "launcher.cpp"), "-o", str(stage / "launcher.o")],
+                        [CXX, "-shared", "-pthread", "-Wl,-z,defs", str(stage / "launcher.o"), "-o",
+                         str(stage / "kernels.so")]]
+            else:
+                cmds = [[CXX, *flags, str(stage / "launcher.cpp"), "-o", str(stage / "kernels.so")]]
+            for cmd in cmds:
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    log = proc.stderr[-6000:]
+                    raise CudaKernelError(f"emulator build of {source} failed:\n{' '.join(cmd)}\n{log}")
             if out_dir.exists():
                 shutil.rmtree(out_dir, ignore_errors=True)
             try:
                 stage.rename(out_dir)
             except OSError:  # another process won the race
                 shutil.rmtree(stage, ignore_errors=True)
-    return EmuLibrary(lib_path, source)
+    if extra and perf:
+        import perfcount
+
+        perfcount.add_source_dir(extra.parent)
+    return EmuLibrary(lib_path, source, perf)
 
 
 # ------------------------------------------------------------------ guarded buffers
@@ -387,7 +420,8 @@ class EmuBackend:
     name = "emulator"
 
     def __init__(self, sm_count: int = 4, max_shared_optin: int = 227 * 1024, compute_capability: int = 90,
-                 allow_tf32: bool = False, workers: int | None = None, check_canaries: bool = True):
+                 allow_tf32: bool = False, workers: int | None = None, check_canaries: bool = True,
+                 perf: bool | None = None):
         self.xp = np
         self.sm_count = sm_count
         self.max_shared_optin = max_shared_optin
@@ -397,6 +431,14 @@ class EmuBackend:
         self.workers = workers if workers is not None else int(os.environ.get("GK_EMU_WORKERS", "1"))
         self.check_canaries = check_canaries
         self.records: list = []
+        if perf is None:
+            perf = os.environ.get("GK_EMU_PERF", "0") not in ("", "0")
+        # performance counters (bank conflicts, sectors per request) of every launch; see perfcount.py
+        self.perf = None
+        if perf:
+            import perfcount
+
+            self.perf = perfcount.PerfLog()
 
     # ---- compile
     _libs: dict = {}
@@ -408,10 +450,13 @@ class EmuBackend:
                 exprs = cs.expressions()
         if exprs is None or expr not in exprs:
             exprs = sorted(set(exprs or []) | {expr})
-        key = (source, tuple(exprs), tuple(options))
+        perf = self.perf is not None
+        if perf:  # counted builds hold only what is launched (they compile slower)
+            exprs = [expr]
+        key = (source, tuple(exprs), tuple(options), perf)
         lib = EmuBackend._libs.get(key)
         if lib is None:
-            lib = build(source, list(exprs), defines=tuple(o[2:] for o in options if o.startswith("-D")))
+            lib = build(source, list(exprs), defines=tuple(o[2:] for o in options if o.startswith("-D")), perf=perf)
             EmuBackend._libs[key] = lib
         return EmuKernel(lib, expr, source)
 
@@ -493,9 +538,14 @@ class EmuBackend:
         argv = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
         err = ctypes.create_string_buffer(1024)
         fault = ctypes.c_void_p(0)
+        if self.perf is not None:
+            self.perf.before_launch(fn.lib, [(start, start + g.nbytes + g.slack) for start, g in _live_buffers()])
         status = fn.lib.lib.gk_emu_launch(fn.index, *grid, *block, int(shared_mem), argv, self.workers, err,
                                           len(err), ctypes.byref(fault))
-        LAUNCHES[(fn.source, fn.expr)] += 1
+        if self.perf is not None:
+            self.perf.after_launch(fn.lib, fn.source, fn.expr, keep=status == 0)
+        if not os.path.isabs(fn.source):  # (a test kernel from outside cuda/ is no declared instantiation)
+            LAUNCHES[(fn.source, fn.expr)] += 1
         if status:
             msg = err.value.decode(errors="replace")
             raise CudaKernelError(f"{what}: {fn.expr} failed in the emulator (grid {grid}, block {block}, "
