@@ -335,3 +335,18 @@ def test_parity(key, index):
         ref64 = _widen(_arrays(_run(case.op, REFERENCE, wide, case.attrs, case.opset, case.requested)))
         for name, got in (("auto", fast), ("reference", ref)):
             _compare(_widen(got), ref64, *case.tol64, f"{key}: {name} float32 vs reference float64")
+
+
+def test_parity_compares_paths_on_one_device():
+    from gpukernels.parity import compare
+
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=-1),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1100])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1100])],
+                              [onnx.numpy_helper.from_array(np.ones(1100, np.float32), "g"),
+                               onnx.numpy_helper.from_array(np.zeros(1100, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    report = compare(model, devices=("cpu",), paths=("reference", "auto"), all_nodes=True, rtol=1e-4, atol=1e-5)
+    assert report.baseline == "cpu[reference]" and [r.label for r in report.sides] == ["cpu[auto]"]
+    assert report.passed

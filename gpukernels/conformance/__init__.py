@@ -189,8 +189,9 @@ def missing_operators(model: onnx.ModelProto) -> list[str]:
     return sorted(missing)
 
 
-def run_case(case: Case, device: str = "cpu") -> Outcome:
-    """Run one official case through gpukernels.backend and compare."""
+def run_case(case: Case, device: str = "cpu", paths: str | None = None) -> Outcome:
+    """Run one official case through gpukernels.backend and compare; paths: the option
+    'paths' ('auto' or 'reference'; None: GPUKERNELS_PATHS or 'auto')."""
     from onnx.backend.test.runner import Runner
 
     from .. import backend
@@ -208,7 +209,8 @@ def run_case(case: Case, device: str = "cpu") -> Outcome:
         if missing:
             return Outcome(case, "missing-kernel", "no kernel for " + ", ".join(missing),
                            time.perf_counter() - t0, missing)
-        rep = backend.prepare(model, "CUDA" if device.startswith("cuda") else "CPU")
+        rep = backend.prepare(model, "CUDA" if device.startswith("cuda") else "CPU",
+                              options={"paths": paths} if paths else None)
         for inputs, expected in data:
             # twice: the second run of the same input signature goes through the
             # compiled plan (runtime.body.CompiledGraph), which must agree

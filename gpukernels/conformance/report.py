@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 
@@ -17,6 +18,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                           description="Run the official ONNX backend test cases "
                                                       "through gpukernels.backend.")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--paths", choices=("auto", "reference"), default=None,
+                   help="'auto': the registered specialisations where they apply; 'reference': "
+                        "every kernel's reference implementation only (default: GPUKERNELS_PATHS, "
+                        "else auto)")
     p.add_argument("--filter", default=None, metavar="RE",
                    help="only cases whose id (kind/name) matches this regular expression")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}")
@@ -36,13 +41,14 @@ def run(args) -> int:
     outcomes = []
     with Progress(len(cases), "conformance") as bar:
         for case in cases:
-            outcomes.append(run_case(case, args.device))
+            outcomes.append(run_case(case, args.device, getattr(args, "paths", None)))
             bar.advance(case.id)
     unexpected = [o for o in outcomes if o.status == "failed" and o.case.id not in known]
     fixed = [o for o in outcomes if o.status == "passed" and o.case.id in known]
     if args.json:
         print(json.dumps({
             "device": args.device,
+            "paths": getattr(args, "paths", None) or os.environ.get("GPUKERNELS_PATHS") or "auto",
             "total": len(outcomes),
             "passed": sum(o.status == "passed" for o in outcomes),
             "cases": [{"id": o.case.id, "operator": o.case.operator, "status": o.status,

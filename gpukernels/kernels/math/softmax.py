@@ -13,6 +13,7 @@ LayerNormalization): ``host_row_blocks``, ``row_sums``.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -91,7 +92,7 @@ def host_row_blocks(R: int, n: int, fn) -> None:
 
 
 def _inner(x, axis: int) -> int:
-    return int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    return math.prod(x.shape[axis + 1:])
 
 
 def _slice_step(x, axis: int) -> int:
@@ -110,12 +111,12 @@ def _softmax_last_axis_host(x, axis):
 
 
 @specialize("Softmax.along", device="cpu", ops=("Softmax",),
-            when=lambda x, axis: int(np.prod(x.shape[:axis], dtype=np.int64)) > _slice_step(x, axis))
+            when=lambda x, axis: math.prod(x.shape[:axis]) > _slice_step(x, axis))
 def _softmax_slices_host(x, axis):
     """The reference's steps on (outer, n, inner) blocks of whole slices, over the host
     threads, into a reusable buffer: the same reductions, in the same order."""
     n = x.shape[axis]
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    outer = math.prod(x.shape[:axis])
     x3 = np.ascontiguousarray(x).reshape(outer, n, _inner(x, axis))
     out = host_empty(x3.shape, x3.dtype)
     host_blocks(outer, _slice_step(x, axis), lambda a, b: _softmax_into(np, x3[a:b], out[a:b], 1))

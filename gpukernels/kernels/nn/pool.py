@@ -3,9 +3,10 @@ global pools.
 
 Windows are strided slices of a padded block (one slice per kernel tap, a loop over
 taps vectorised over every pixel); the batch and channel axes are fused and processed in
-chunks that stay in cache on the CPU (and under 256 MiB anywhere).  Host MaxPool (Y only)
-and AveragePool instead reduce one axis at a time with strided views of the unpadded
-block taken at the output positions (_pool_host.py); the result is the same.
+chunks that stay in cache on the CPU (and under 256 MiB anywhere).  On the host, MaxPool
+(Y only) and AveragePool take the specialisation "Pool.windows" instead (_pool_host.py):
+one axis at a time with strided views of the unpadded block taken at the output
+positions; the same maxima, the same sums in another order.
 
 Output sizes follow the ONNX text: explicit pads use floor (or ceil with ceil_mode) of
 (in + pads - ((k - 1) * dilation + 1)) / stride + 1, and with ceil_mode a last window
@@ -32,7 +33,7 @@ from ...dtypes import DataType
 from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
-from . import _pool_host
+from . import _pool_host  # noqa: F401 -- registers the specialisation "Pool.windows"
 from . import _spatial as sp
 
 # bytes of padded input per block of the window path, by array namespace (tuning: block

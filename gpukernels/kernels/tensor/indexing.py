@@ -8,6 +8,7 @@ raises a KernelInputError naming the operator, the bad value and the axis size.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -59,7 +60,7 @@ _TAKE_THREAD_BYTES = 1 << 20  # output bytes per host thread before a gather is 
 
 
 def _take_bytes(data, idx, ax) -> int:
-    return int(np.prod(data.shape[:ax] + idx.shape + data.shape[ax + 1:], dtype=np.int64)) * data.itemsize
+    return math.prod(data.shape[:ax] + idx.shape + data.shape[ax + 1:]) * data.itemsize
 
 
 @specialize("Gather.take", device="cpu", ops=("Gather",),
