@@ -180,6 +180,20 @@ def _int64(values):
 _NO_QK = (True, True, True, False)  # a node that does not declare qk_matmul_output
 
 CASES = {
+    "Conv.depthwise:_depthwise_2d_host": [
+        Case("Conv", lambda r: [_f32(r, 2, 24, 15, 17), _f32(r, 24, 1, 3, 3), _f32(r, 24)],
+             {"group": 24, "pads": [1, 1, 1, 1]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+        Case("Conv", lambda r: [_f32(r, 1, 16, 20, 20), _f32(r, 32, 1, 5, 5)],
+             {"group": 16, "strides": [2, 2], "pads": [2, 1, 2, 1]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    ],
+    "Conv.dense:_dense_2d_host": [
+        Case("Conv", lambda r: [_f32(r, 2, 16, 14, 14), _f32(r, 32, 16, 3, 3), _f32(r, 32)],
+             {"pads": [1, 1, 1, 1]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+        Case("Conv", lambda r: [_f32(r, 1, 64, 12, 12), _f32(r, 8, 64, 3, 3)],
+             {"pads": [1, 1, 1, 1]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+        Case("Conv", lambda r: [_f32(r, 1, 8, 23, 19), _f32(r, 12, 8, 3, 2)],
+             {"strides": [2, 3], "dilations": [2, 1], "pads": [2, 0, 1, 1]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    ],
     "Softmax.along:_softmax_last_axis_host": [
         Case("Softmax", lambda r: [_f32(r, 64, 1100, scale=3.0)], {"axis": -1}, 1e-6, 1e-8, (1e-5, 1e-8)),
         Case("Softmax", lambda r: [_f32(r, 16, 8, 700, scale=40.0)], {"axis": -1}, 1e-6, 1e-8, (1e-5, 1e-8)),

@@ -28,15 +28,18 @@ import numpy as np
 
 from ...xp import parallel_ranges
 from ..base import KernelBase, register
+from ..specialize import specialize
 from . import _conv_host as host
 from . import _spatial as sp
 
 _CACHE_BLOCK_BYTES = 256 * 1024
 
 
-def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
+def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None, kernel=None):
     """Y = conv(x, w) + b on compute arrays; x (N, C, *S), w (M, C/group, *K), b (M,) or
-    None; pads = begin..end.  Attributes must be validated already."""
+    None; pads = begin..end.  Attributes must be validated already.  kernel (the calling
+    kernel, when given) chooses the registered specialisations of the depthwise and the
+    dense 2-D steps (host paths in _conv_host); without it the reference steps run."""
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -55,16 +58,16 @@ def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None):
     if N == 0 or M == 0 or P == 0 or C == 0:  # C == 0: an empty sum, the output is the bias
         y = xp.zeros((N, M, *O), dtype=dtype)
     elif group == C and w.shape[1] == 1 and group > 1:
-        if xp is np and n_sp == 2:
-            return host.depthwise_2d(x, w, b, strides, pads, dilations, O)
+        fast = kernel.specialized("Conv.depthwise", x, w) if kernel is not None else None
+        if fast is not None:
+            return fast(x, w, b, strides, pads, dilations, O)
         return _depthwise(xp, x, w, b, strides, pads, dilations, O)
     elif all(k == 1 for k in K) and not any(pads):
         y = _pointwise(xp, x, w, strides, group, O)
-    elif xp is np and n_sp == 2 and group == 1 and x.dtype.kind == "f":
-        if host.use_tap_products(x.shape[1], M, strides, O, K, dilations):
-            return host.conv2d_taps(x, w, b, pads, dilations, O)
-        return host.conv2d(x, w, b, strides, pads, dilations, O)
     else:
+        fast = kernel.specialized("Conv.dense", x, w, group) if kernel is not None else None
+        if fast is not None:
+            return fast(x, w, b, strides, pads, dilations, O)
         y = _im2col(xp, x, w, strides, pads, dilations, group, O)
     if b is not None:
         y += b.reshape((1, M) + (1,) * n_sp).astype(dtype, copy=False)
@@ -215,6 +218,25 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O):
     return y.reshape((N, M) + tuple(O))
 
 
+@specialize("Conv.depthwise", device="cpu", ops=("Conv",), when=lambda x, w: x.ndim == 4,
+            agreement="rtol 1e-5 (float32): per-channel (multiplier x taps) @ (taps x pixels) "
+                      "products over zero-bordered scratch sum the taps in another order")
+def _depthwise_2d_host(x, w, b, strides, pads, dilations, O):
+    return host.depthwise_2d(x, w, b, strides, pads, dilations, O)
+
+
+@specialize("Conv.dense", device="cpu", ops=("Conv",),
+            when=lambda x, w, group: x.ndim == 4 and group == 1 and x.dtype.kind == "f",
+            agreement="rtol 1e-5 (float32): phase-split columns or per-tap products (BLAS) "
+                      "sum in another order than the im2col product")
+def _dense_2d_host(x, w, b, strides, pads, dilations, O):
+    """2-D, one group, float: per-tap products when the output has few channels next to
+    the input's (no column matrix), else phase-split columns (_conv_host)."""
+    if host.use_tap_products(x.shape[1], w.shape[0], strides, O, w.shape[2:], dilations):
+        return host.conv2d_taps(x, w, b, pads, dilations, O)
+    return host.conv2d(x, w, b, strides, pads, dilations, O)
+
+
 def check_conv_ranks(kernel, x, w, group, w_name="W") -> tuple[int, int]:
     """Check X is N x C x D1... with W of the same rank and group >= 1; returns
     (spatial rank, group)."""
@@ -280,5 +302,5 @@ class Conv(KernelBase):
         xc = self.to_compute(x)
         wc = self.to_compute(w, xc.dtype)
         bc = None if b.is_absent else self.to_compute(b, xc.dtype)
-        y = conv_forward(self.xp, xc, wc, bc, strides, pads, dilations, int(group), out)
+        y = conv_forward(self.xp, xc, wc, bc, strides, pads, dilations, int(group), out, kernel=self)
         return self.from_compute(y, x.data_type)

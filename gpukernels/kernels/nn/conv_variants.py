@@ -60,7 +60,7 @@ class ConvInteger(KernelBase):
             else:
                 raise self.error(f"w_zero_point must be a scalar or have shape ({M},)", w=wt,
                                  w_zero_point=wz)
-        y = conv_forward(xp, xc, wc, None, strides, pads, dilations, int(group), out)
+        y = conv_forward(xp, xc, wc, None, strides, pads, dilations, int(group), out, kernel=self)
         y = xp.rint(y).astype(np.int64).astype(np.int32)
         return self.result(y, DataType.INT32)
 
