@@ -180,6 +180,16 @@ def _int64(values):
 _NO_QK = (True, True, True, False)  # a node that does not declare qk_matmul_output
 
 CASES = {
+    "RotaryEmbedding.rotate:_rotate_host": [
+        Case("RotaryEmbedding", lambda r: [_f32(r, 2, 4, 6, 16), _f32(r, 10, 8), _f32(r, 10, 8),
+                                           _int64(r.integers(0, 10, (2, 6)))],
+             {}, 1e-6, 1e-6, None, opset=23),  # float64 X: not a RotaryEmbedding type
+        Case("RotaryEmbedding", lambda r: [_f32(r, 2, 4, 6, 16), _f32(r, 10, 8), _f32(r, 10, 8),
+                                           _int64(r.integers(0, 10, (2, 6)))],
+             {"interleaved": 1}, 1e-6, 1e-6, None, opset=23),
+        Case("RotaryEmbedding", lambda r: [_f32(r, 2, 5, 3 * 12), _f32(r, 2, 5, 4), _f32(r, 2, 5, 4)],
+             {"num_heads": 3, "rotary_embedding_dim": 8}, 1e-6, 1e-6, None, opset=23),
+    ],
     "Conv.depthwise:_depthwise_2d_host": [
         Case("Conv", lambda r: [_f32(r, 2, 24, 15, 17), _f32(r, 24, 1, 3, 3), _f32(r, 24)],
              {"group": 24, "pads": [1, 1, 1, 1]}, 1e-5, 1e-5, (1e-5, 1e-5)),

@@ -21,6 +21,7 @@ import numpy as np
 from ...gpu import device_checks
 from ...xp import host_empty
 from ..base import KernelBase, register
+from ..specialize import specialize
 
 
 @register()
@@ -92,8 +93,9 @@ class RotaryEmbedding(KernelBase):
             c = c[:, :, None, :]  # (B, S, 1, half)
             s = s[:, :, None, :]
             x4 = xc.reshape(B, S, H, hd)
-        if xp is np:
-            y = _rotate_host(x4, c, s, rd, interleaved)
+        fast = self.specialized("RotaryEmbedding.rotate", x4)
+        if fast is not None:
+            y = fast(x4, c, s, rd, interleaved)
         else:
             y = xp.empty_like(x4)
             self._rotate(xp, x4, y, c, s, rd, interleaved)
@@ -143,6 +145,8 @@ class RotaryEmbedding(KernelBase):
 _HOST_BLOCK_ELEMS = 1 << 16
 
 
+@specialize("RotaryEmbedding.rotate", device="cpu", ops=("RotaryEmbedding",),
+            agreement="rtol 1e-6 (float32): interleaved pairs as one complex multiply")
 def _rotate_host(x4, c, s, rd, interleaved):
     """NumPy path: X rotated (a new C-contiguous array), over cache-sized blocks of axis 1 (heads for 4-D X,
     positions for 3-D).  c/s broadcast against X's first three axes with rd/2 features.
