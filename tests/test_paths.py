@@ -180,6 +180,12 @@ def _int64(values):
 _NO_QK = (True, True, True, False)  # a node that does not declare qk_matmul_output
 
 CASES = {
+    "Pow.small_exponent:pow_small_exponent_host": [
+        Case("Pow", lambda r: [_f32(r, 64, 3072), np.array(3.0, np.float32)], {}, 4e-7, 1e-30, (4e-7, 1e-30)),
+        Case("Pow", lambda r: [np.abs(_f32(r, 64, 3072)), np.array(0.5, np.float32)], {}, 2e-7, 0,
+             (2e-7, 0)),
+        Case("Pow", lambda r: [_f32(r, 1000), np.array([-1.0], np.float32)], {}, 2e-7, 0, (2e-7, 0)),
+    ],
     "RotaryEmbedding.rotate:_rotate_host": [
         Case("RotaryEmbedding", lambda r: [_f32(r, 2, 4, 6, 16), _f32(r, 10, 8), _f32(r, 10, 8),
                                            _int64(r.integers(0, 10, (2, 6)))],

@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import KernelBase, register
+from ..specialize import specialize
 from ...xp import host_empty
 from ._mathcommon import broadcast_shape, legacy_broadcast, scalar_value
 
@@ -112,8 +113,9 @@ class Pow(KernelBase):
             broadcast_shape(self, {"X": x, "Y": y})
         with np.errstate(all="ignore"):
             out = None
-            if not self.on_gpu and xc.dtype.kind == "f" and yc.size == 1:
-                out = pow_small_exponent_host(xc, yc, x.shape, y.shape)
+            fast = self.specialized("Pow.small_exponent", xc, yc)
+            if fast is not None:
+                out = fast(xc, yc, x.shape, y.shape)
             if out is None:
                 out = self._pow(xp, xc, yc, x, y)
         return self.from_compute(out, x.data_type)
@@ -145,6 +147,11 @@ class Pow(KernelBase):
 _PRODUCT_EXPONENTS = frozenset((0.0, 1.0, 2.0, 3.0, 4.0, -1.0, 0.5))
 
 
+@specialize("Pow.small_exponent", device="cpu", ops=("Pow",),
+            when=lambda xc, yc: (xc.dtype.kind == "f" and yc.size == 1 and yc.dtype.kind in "fiu"
+                                 and float(yc.reshape(-1)[0]) in _PRODUCT_EXPONENTS),
+            agreement="within 3 units of the last place (float32): products, 1/x and sqrt "
+                      "round differently from pow")
 def pow_small_exponent_host(xc, yc, x_shape, y_shape):
     """Host only: xc ** e for a float array xc and a one-element host array yc whose
     value e is in _PRODUCT_EXPONENTS, in the wider compute type, shaped as the

@@ -15,6 +15,9 @@ from gpukernels.kernels.base import lookup
 from gpukernels.kernels.math import activations, clip_pow
 from gpukernels.tensor import Tensor
 
+# these tests check the host specialisations themselves (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("default_paths")
+
 load_all()
 
 U32 = 2.0 ** -24  # float32 unit roundoff
