@@ -166,7 +166,7 @@ def cmd_run(args) -> int:
     dims = parse_dims(args.dim)
     t0 = time.perf_counter()
     # a dump lists every node's outputs: no constant folding (folded nodes would not run)
-    session = Session(model, device=device, options={"fold_constants": False} if args.dump else None)
+    session = Session(model, device=device, options={"fold_constants": False, "optimize": False} if args.dump else None)
     t_prepare = time.perf_counter() - t0
     if args.inputs:
         feeds = read_inputs(args.inputs, session)

@@ -96,7 +96,7 @@ def _run_gpukernels(model, feeds, side: Side, all_nodes: bool) -> dict:
     from .tensor import Sequence, Tensor, to_host_value
 
     # every node is compared: folded constant nodes would not run (and not be observed)
-    options = dict(side.options, fold_constants=False) if all_nodes else side.options
+    options = dict(side.options, fold_constants=False, optimize=False) if all_nodes else side.options
     sess = Session(model, device=side.device, options=options)
     captured = {}
 

@@ -46,13 +46,14 @@ OPTIONS = {
                       "the graph is prepared",
     "compile_graph": "True (default): run repeated same-shaped Session runs through a "
                      "compiled plan",
-    "optimize": "True (default unless fold_constants is False) | False | list of pass names: "
+    "optimize": "True (default unless fold_constants is False) | False | 'all' | list of pass names: "
                 "graph optimisations when a graph is prepared -- 'shapes' (Shape/Size of static "
                 "shapes folded), 'specialize' (a Session prepares graphs with symbolic input "
                 "dimensions once more per input signature), 'conv_bn' (BatchNormalization folded "
                 "into Conv weights), 'layernorm', 'rmsnorm', 'gelu', 'silu', 'attention' (exporters' "
-                "spelled-out forms mapped onto one kernel), 'inplace' (elementwise steps after "
-                "Conv/Gemm/MatMul written into the producer's output); see gpukernels.runtime.optimize",
+                "spelled-out forms mapped onto one kernel); 'inplace' (elementwise steps after "
+                "Conv/Gemm/MatMul written into the producer's output) only when named or 'all'; "
+                "see gpukernels.runtime.optimize",
     "compile_bodies": "True (default): compile Loop/Scan bodies for their input signature",
     "attention_block_bytes": "int: host Attention working-block size (tuning)",
     "linear_attention_mode": "'auto' (default) | 'recurrent' | 'chunked': LinearAttention "

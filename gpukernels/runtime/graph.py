@@ -160,6 +160,18 @@ _FOLD_MAX_BYTES = 2 << 30
 _FOLD_MAX_SECONDS = 5.0
 
 
+# fn(PreparedGraph) -> None, run on every prepared graph (not function bodies) after
+# constant folding: runtime.optimize.optimize_graph, installed by that module (so this
+# module never imports it: the optimisations build on PreparedGraph)
+_OPTIMIZER = None
+
+
+def install_optimizer(fn) -> None:
+    """Install the graph optimisations PreparedGraph runs (runtime.optimize does)."""
+    global _OPTIMIZER
+    _OPTIMIZER = fn
+
+
 def _graphs_of(attr: onnx.AttributeProto):
     if attr.type == onnx.AttributeProto.GRAPH:
         return [attr.g]
@@ -244,13 +256,11 @@ class PreparedGraph:
         self.folded = []
         if self.graph is not None and ctx.option("fold_constants", True):
             self._fold_constants()
-        # graph optimisations (option optimize; see runtime/optimize)
+        # graph optimisations (option optimize): runtime.optimize installs them here
         self.optimized = {}
         self.deferred = False
-        if self.graph is not None:
-            from .optimize import optimize_graph
-
-            optimize_graph(self)
+        if self.graph is not None and _OPTIMIZER is not None:
+            _OPTIMIZER(self)
         self._finish()
 
     def _finish(self) -> None:
