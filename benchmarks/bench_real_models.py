@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import inspect
 import io
 import json
@@ -492,7 +493,8 @@ def _transformers_specs(tiny: bool = False) -> list:
     specs.append(Spec("bert", "text encoder", _hf(bert, ["last_hidden_state", "pooler_output"],
                                                   lambda m, i, a, t: m(input_ids=i, attention_mask=a,
                                                                        token_type_ids=t)),
-                      [text_ids(), In("attention_mask", (B, S), "int64", {0: ("batch", 3), 1: ("sequence", S - 5)}, 1, 2),
+                      [text_ids(),
+                       In("attention_mask", (B, S), "int64", {0: ("batch", 3), 1: ("sequence", S - 5)}, 1, 2),
                        In("token_type_ids", (B, S), "int64", {0: ("batch", 3), 1: ("sequence", S - 5)}, 0, 2)],
                       ["last_hidden_state", "pooler_output"]))
 
@@ -665,8 +667,8 @@ def all_specs() -> list:
     tm = {}
     try:
         tm = _torch_models()
-    except ImportError:
-        pass
+    except ImportError as exc:
+        print(f"skipping the torch.nn models: {exc}", file=sys.stderr)
     img = lambda s=96: [In("image", (2, 3, s, s), dyn={0: ("batch", 3)})]  # noqa: E731
     seg = lambda s=96: [In("image", (2, 3, s, s), dyn={0: ("batch", 3), 2: ("height", s - 32),  # noqa: E731
                                                         3: ("width", s + 32)})]
@@ -687,14 +689,14 @@ def all_specs() -> list:
                        note="torch.nn ViT, explicit attention")]
     try:
         specs += _transformers_specs()
-    except ImportError:
-        pass
+    except ImportError as exc:
+        print(f"skipping the transformers models: {exc}", file=sys.stderr)
     try:
-        import sklearn  # noqa: F401
         import skl2onnx  # noqa: F401
+        import sklearn.ensemble  # noqa: F401
         specs += _sklearn_specs()
-    except ImportError:
-        pass
+    except ImportError as exc:
+        print(f"skipping the scikit-learn models: {exc}", file=sys.stderr)
     return specs
 
 
@@ -1054,7 +1056,8 @@ def print_report(rows: list, export_errors: list, out=sys.stdout) -> None:
       "per element of each output (integer outputs equal).  Times: median ms per run; ratio = gpukernels / "
       "onnxruntime (lower is better); best = the same ratio of the fastest runs; load = the 1-minute load "
       "average when the export was timed.\n")
-    p("| model | exporter | axes | nodes | max abs diff | check | gpukernels ms | onnxruntime ms | ratio | best | load |")
+    p("| model | exporter | axes | nodes | max abs diff | check | gpukernels ms | onnxruntime ms | ratio | best "
+      "| load |")
     p("|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         check = check_label(r)
@@ -1214,15 +1217,19 @@ def main(argv=None) -> int:
             print(f"{s.name:18} {s.family:20} {s.note}  [{v}]")
         return 0
     missing = [m for m in ("torch", "transformers", "onnxscript", "onnxruntime", "sklearn", "skl2onnx")
-               if __import__("importlib").util.find_spec(m) is None]
+               if importlib.util.find_spec(m) is None]
     if missing:
         print(f"missing packages: {', '.join(missing)} (pip install -e '.[bench,test]'); "
               "the models that need them are skipped", file=sys.stderr)
     root = cache_root(pathlib.Path(args.cache).expanduser())
     start = time.perf_counter()
-    progress = (lambda msg: print(f"  [{time.perf_counter() - start:6.0f}s] {msg}", file=sys.stderr, flush=True))
-    import gpukernels
+
+    def progress(msg):
+        print(f"  [{time.perf_counter() - start:6.0f}s] {msg}", file=sys.stderr, flush=True)
+
     import onnxruntime
+
+    import gpukernels
 
     print(f"# real-model benchmark: {platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}; "
           f"gpukernels from {pathlib.Path(gpukernels.__file__).parent}, onnxruntime {onnxruntime.__version__}; "
