@@ -96,17 +96,16 @@ def max_tensor_bytes(ctx=None) -> int | None:
     """The allocation limit in bytes for ctx (a KernelContext or None): the option, then
     the environment variable, then the default.  None means unlimited.
 
-    A context resolves its limit once (the environment variable is read when it first
-    checks an allocation) and keeps it while its option keeps the same value."""
+    A context resolves its limit once (KernelContext.tensor_byte_limit: the environment
+    variable is read when it first checks an allocation)."""
     if ctx is None:
         return _from_env()
-    value = ctx.option(OPTION)
-    cached = ctx.__dict__.get("_max_tensor_bytes")
-    if cached is not None and cached[0] is value:
-        return cached[1]
-    limit = parse_limit(value, f"option {OPTION!r}") if value is not None else _from_env()
-    ctx.__dict__["_max_tensor_bytes"] = (value, limit)
-    return limit
+    return getattr(ctx, "ctx", ctx).tensor_byte_limit  # a Session's context, or the context
+
+
+def resolve_limit(value) -> int | None:
+    """The limit for an option value: parsed when given, else from the environment."""
+    return parse_limit(value, f"option {OPTION!r}") if value is not None else _from_env()
 
 
 def _from_env() -> int | None:

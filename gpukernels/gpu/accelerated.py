@@ -44,7 +44,7 @@ def register(op_type: str):
         def checked(kernel, **arguments):
             ok, why = kernels_supported(kernel.device)
             if not ok:
-                if kernel.ctx.option("cuda_kernels", "auto") == "always":
+                if kernel.ctx.settings.cuda_kernels == "always":
                     from ..errors import CudaKernelError
 
                     raise CudaKernelError(f"{op_type}: {why} (options cuda_kernels='always')")

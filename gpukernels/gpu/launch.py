@@ -377,8 +377,8 @@ def backend_for(kernel) -> CupyBackend:
     ('allow_tf32'; 'cuda_sync' or env GPUKERNELS_CUDA_SYNC=1 synchronise after each launch
     so that an asynchronous fault names its kernel)."""
     ctx = kernel.ctx
-    sync = bool(ctx.option("cuda_sync", False)) or os.environ.get("GPUKERNELS_CUDA_SYNC") == "1"
-    return _cupy_backend(kernel.device, bool(ctx.option("allow_tf32", False)), sync)
+    sync = bool(ctx.settings.cuda_sync) or os.environ.get("GPUKERNELS_CUDA_SYNC") == "1"
+    return _cupy_backend(kernel.device, bool(ctx.settings.allow_tf32), sync)
 
 
 def aligned(backend, array, nbytes: int) -> bool:

@@ -263,7 +263,7 @@ class _Body:
         self.declared = self.checker.declared
         self.programs = {}
         self.compiles = 0
-        self.compile = bool(kernel.ctx.option("compile_bodies", True))
+        self.compile = bool(kernel.ctx.settings.compile_bodies)
 
     @staticmethod
     def key(values):

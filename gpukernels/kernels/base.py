@@ -21,10 +21,13 @@ import onnx
 from .. import dtypes
 from ..dtypes import DataType
 from ..errors import KernelInputError, KernelTypeError, OptionError, UnsupportedOperatorError
+from ..limits import resolve_limit
+from ..options import OPTIONS, Options  # noqa: F401 -- OPTIONS: the listing, re-exported
 from ..tensor import Optional, Sequence, Tensor
 from ..xp import Device, is_cupy_array, namespace
 from ._loader import load_all as _load_all
 from .specialize import find as _find_specialization
+from .specialize import resolve_paths
 from .subgraphs import runner as _subgraph_runner
 
 LATEST_OPSET = {
@@ -33,59 +36,19 @@ LATEST_OPSET = {
 }
 
 
-# Every option a KernelContext (and so a Session) accepts, with what it does.
-OPTIONS = {
-    "cuda_kernels": "'auto' (default) | 'always' | 'never': use the hand-written CUDA kernels "
-                    "where they cover the case / insist on them / use the array code only",
-    "allow_tf32": "False (default): let float32 CUDA kernels use TF32 tensor cores",
-    "cuda_sync": "False (default): synchronise after every CUDA kernel launch (debugging)",
-    "seed": "int: seed for random operators without a seed attribute",
-    "max_tensor_bytes": "int: the largest tensor a kernel may allocate (see gpukernels.limits; "
-                        "also GPUKERNELS_MAX_TENSOR_BYTES)",
-    "fold_constants": "True (default): run nodes whose inputs are all constants once, when "
-                      "the graph is prepared",
-    "compile_graph": "True (default): run repeated same-shaped Session runs through a "
-                     "compiled plan",
-    "optimize": "True (default unless fold_constants is False) | False | 'all' | list of pass names: "
-                "graph optimisations when a graph is prepared -- 'shapes' (Shape/Size of static "
-                "shapes folded), 'specialize' (a Session prepares graphs with symbolic input "
-                "dimensions once more per input signature), 'conv_bn' (BatchNormalization folded "
-                "into Conv weights), 'layernorm', 'rmsnorm', 'gelu', 'silu', 'attention' (exporters' "
-                "spelled-out forms mapped onto one kernel); 'inplace' (elementwise steps after "
-                "Conv/Gemm/MatMul written into the producer's output) only when named or 'all'; "
-                "see gpukernels.runtime.optimize",
-    "compile_bodies": "True (default): compile Loop/Scan bodies for their input signature",
-    "attention_block_bytes": "int: host Attention working-block size (tuning)",
-    "linear_attention_mode": "'auto' (default) | 'recurrent' | 'chunked': LinearAttention "
-                             "algorithm on the GPU",
-    "linear_attention_segment_bytes": "int: LinearAttention segment size (tuning)",
-    "kernel_overrides": "{op_type: kernel class}: swap in another kernel class (testing)",
-    "paths": "'auto' (default) | 'reference': use the registered specialisations (host fast "
-             "paths, CUDA kernels) where they apply / pin every kernel to its reference "
-             "implementation (also GPUKERNELS_PATHS; see gpukernels.kernels.specialize)",
-}
+_NO_OPTION = object()
 
 
-def check_options(options: dict) -> None:
-    """Raise an OptionError for a key that is not in OPTIONS, suggesting the closest."""
-    import difflib
-
-    for key in options:
-        if key not in OPTIONS:
-            close = difflib.get_close_matches(str(key), OPTIONS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise OptionError(f"unknown option {key!r}{hint} Known options: {', '.join(sorted(OPTIONS))}")
-
-
-@dataclass
+@dataclass(eq=False)
 class KernelContext:
     """Where and how kernels run.
 
     device: 'cpu', 'cuda', 'cuda:N' or a Device.
     opset: the model's opset, an int (default domain) or {domain: version}; kernels pick
       the newest registered version not newer than it.  Default: the newest onnx knows.
-    options: switches, each listed in OPTIONS (name -> what it does); an unknown key is
-      an OptionError that suggests the closest known name.
+    options: a dict of switches, checked into ``settings`` (gpukernels.options.Options:
+      each option, its default and what it does); an unknown key is an OptionError that
+      suggests the closest known name, a value of the wrong kind one that says what fits.
     """
 
     device: Any = "cpu"
@@ -94,7 +57,8 @@ class KernelContext:
 
     def __post_init__(self):
         self.device = Device.parse(self.device)
-        check_options(self.options)
+        self.settings = Options.from_mapping(self.options)
+        self.options = dict(self.options)
         self.paths  # validated now: a bad option or GPUKERNELS_PATHS fails here
         if self.opset is None:
             self.opset = {}
@@ -110,9 +74,14 @@ class KernelContext:
     @functools.cached_property
     def paths(self) -> str:
         """'auto' or 'reference': the option 'paths', else GPUKERNELS_PATHS, else 'auto'."""
-        from .specialize import resolve_paths
-
         return resolve_paths(self.options)
+
+    @functools.cached_property
+    def tensor_byte_limit(self) -> int | None:
+        """The largest tensor a kernel may allocate, in bytes (None: no limit): the option
+        max_tensor_bytes, else GPUKERNELS_MAX_TENSOR_BYTES (read on first use), else the
+        default (gpukernels.limits)."""
+        return resolve_limit(self.settings.max_tensor_bytes)
 
     @functools.cached_property
     def device_kind(self) -> str:
@@ -124,7 +93,12 @@ class KernelContext:
         return self.opset.get("" if domain == "ai.onnx" else domain)
 
     def option(self, key: str, default=None):
-        return self.options.get(key, default)
+        """The checked value of option key (``settings``), or default when it was not given
+        and has no default of its own."""
+        value = getattr(self.settings, key, _NO_OPTION)
+        if value is _NO_OPTION:
+            raise OptionError(f"KernelContext.option: no option named {key!r} (gpukernels.options.Options)")
+        return default if value is None else value
 
 
 # ------------------------------------------------------------------ registry
@@ -337,7 +311,7 @@ class KernelBase:
         """
         if not self.on_gpu:
             return None
-        mode = self.ctx.option("cuda_kernels", "auto")
+        mode = self.ctx.settings.cuda_kernels
         if mode == "never":
             return None
         if self.ctx.paths == "reference":  # the CUDA kernels are specialisations too

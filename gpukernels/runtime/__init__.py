@@ -10,6 +10,7 @@ import onnx
 from ..kernels import subgraphs
 from ..kernels.base import KernelContext
 from .body import BodyProgram, record_run
+from .environment import environment_of
 from .graph import PreparedGraph, Scope, functions_of
 from .session import Session, load_model, opsets_of, to_runtime_value
 
@@ -55,19 +56,12 @@ def run_node(node: onnx.NodeProto, inputs: list, context: RuntimeContext | None 
     return run_graph(graph, dict(zip(names, given)), context)
 
 
-_PLAN_CACHE_KEY = "_prepared_subgraphs"
-
-
 def prepare_subgraph(graph: onnx.GraphProto, ctx: KernelContext) -> PreparedGraph:
-    """A prepared subgraph, cached per graph object and kernel context, so Loop and Scan
-    bodies resolve kernels and bind attributes once."""
-    cache = ctx.__dict__.setdefault(_PLAN_CACHE_KEY, {})
-    entry = cache.get(id(graph))
-    if entry is not None and entry[0] is graph:
-        return entry[1]
-    plan = PreparedGraph(graph, ctx, getattr(ctx, "_functions", None) or {}, getattr(ctx, "_base_dir", None))
-    cache[id(graph)] = (graph, plan)
-    return plan
+    """A prepared subgraph, cached per graph object in the context's GraphEnvironment (the
+    model's functions and folder come from there), so Loop and Scan bodies resolve
+    kernels and bind attributes once."""
+    env = environment_of(ctx)
+    return env.prepared(graph, lambda: PreparedGraph(graph, ctx, env.functions, env.base_dir))
 
 
 def run_subgraph(graph: onnx.GraphProto, inputs: list, parent: Scope | None = None,

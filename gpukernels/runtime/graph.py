@@ -22,6 +22,7 @@ from ..kernels import load_all
 from ..kernels.base import KernelContext, describe, has_kernel, lookup
 from ..tensor import Optional, Sequence, Tensor
 from .attributes import attribute_value, bind_attributes
+from .environment import environment_of
 from .validation import MAX_GRAPH_DEPTH, check_arity, check_graph, escape
 
 
@@ -230,8 +231,7 @@ class PreparedGraph:
         self.base_dir = base_dir
         self.attribute_values = attribute_values  # for function bodies: bound attributes
         # subgraphs prepared later through this context see the same functions and folder
-        ctx.__dict__.setdefault("_functions", self.functions)
-        ctx.__dict__.setdefault("_base_dir", base_dir)
+        environment_of(ctx, self.functions, base_dir)
         if isinstance(graph, FunctionDef):
             self.graph = None
             self.name = f"function {graph.domain}::{graph.name}"
@@ -254,7 +254,7 @@ class PreparedGraph:
         self.nodes = [self._prepare_node(n) for n in nodes]
         # nodes computing constants from constants run once, now (option fold_constants)
         self.folded = []
-        if self.graph is not None and ctx.option("fold_constants", True):
+        if self.graph is not None and ctx.settings.fold_constants:
             self._fold_constants()
         # graph optimisations (option optimize): runtime.optimize installs them here
         self.optimized = {}
@@ -355,7 +355,7 @@ class PreparedGraph:
             cls, version = lookup(p.op_type, p.domain, opset)
             # options={'kernel_overrides': {op_type: class}} swaps in another kernel class
             # (parity tests inject faulty kernels this way)
-            cls = self.ctx.options.get("kernel_overrides", {}).get(p.op_type, cls)
+            cls = (self.ctx.settings.kernel_overrides or {}).get(p.op_type, cls)
         except UnsupportedOperatorError:
             schema = _schema(p.op_type, p.domain, opset)
             if schema is not None and (schema.has_function or schema.has_context_dependent_function):

@@ -55,28 +55,15 @@ PASSES = ("shapes", "specialize", "conv_bn", "layernorm", "rmsnorm", "gelu", "si
 DEFAULT_PASSES = tuple(p for p in PASSES if p != "inplace")
 PATTERN_PASSES = ("layernorm", "rmsnorm", "gelu", "silu", "attention")
 
-_CACHE_KEY = "_optimize_passes"
 _SHAPE_ROUNDS = 4
 
 
 def enabled_passes(ctx) -> frozenset:
     """The passes the context's options switch on (see the module docstring)."""
-    cached = ctx.__dict__.get(_CACHE_KEY)
-    if cached is not None and cached[0] is ctx.options.get("optimize", _UNSET) \
-            and cached[1] == ctx.options.get("fold_constants", True):
-        return cached[2]
-    value = ctx.options.get("optimize", _UNSET)
-    if value is _UNSET:
-        passes = frozenset(DEFAULT_PASSES) if ctx.options.get("fold_constants", True) is not False \
-            else frozenset()
-    else:
-        passes = parse_option(value)
-    ctx.__dict__[_CACHE_KEY] = (ctx.options.get("optimize", _UNSET), ctx.options.get("fold_constants", True),
-                                passes)
-    return passes
-
-
-_UNSET = object()
+    value = ctx.settings.optimize
+    if value is None:  # not given: the default passes, unless folding is off
+        return frozenset(DEFAULT_PASSES) if ctx.settings.fold_constants else frozenset()
+    return parse_option(value)
 
 
 def parse_option(value) -> frozenset:
