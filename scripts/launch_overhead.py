@@ -74,9 +74,11 @@ def main(argv=None) -> int:
     import cupy
 
     cupy.RawModule = _StubModule  # compile nothing, launch nothing
-    cupy.__gpukernels_simulated__ = False  # let KernelBase.cuda_path reach the launch code
 
+    from gpukernels.gpu import accelerated
     from gpukernels.gpu import attention as ga, conv as gc, linear_attention as gla, launch
+
+    accelerated.compiler_status = lambda: (True, "")  # let KernelBase.cuda_path reach the launch code
     from gpukernels.gpu import rotary_embedding as gr
     from gpukernels.kernels.base import KernelContext
     from gpukernels.kernels.nn.rotary import RotaryEmbedding

@@ -190,6 +190,11 @@ class _Device:
 
 cuda.Device = _Device
 cuda.runtime.getDeviceProperties = lambda i: {{"name": b"Fake GPU"}}
+class _Nvrtc:  # NVRTC loads: the hand-written kernels could compile
+    @staticmethod
+    def getVersion():
+        return (12, 8)
+cuda.nvrtc = _Nvrtc
 '''
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import sys
 
 _IMPLS: dict[str, object] = {}
 # op_type -> module that registers it when imported (kept lazy: importing compiles nothing)
@@ -24,10 +23,6 @@ _MODULES = {
     "LinearAttention": "gpukernels.gpu.linear_attention",
     "RotaryEmbedding": "gpukernels.gpu.rotary_embedding",
 }
-
-# How many times each CUDA path ran (tests use it to prove the kernel, not the fallback, ran).
-launch_counts: dict[str, int] = {}
-
 
 # The oldest GPU the hand-written kernels run on (major * 10 + minor).
 MIN_COMPUTE_CAPABILITY = 80
@@ -66,8 +61,6 @@ def _compute_capability(index: int):
 @functools.lru_cache(maxsize=None)
 def kernels_supported(device) -> tuple[bool, str]:
     """(whether the hand-written CUDA kernels run on device, why not).  Never raises."""
-    if getattr(sys.modules.get("cupy"), "__gpukernels_simulated__", False):
-        return False, "the CuPy simulation cannot run the hand-written kernels"
     cc = _compute_capability(getattr(device, "index", 0))
     if cc is None:
         return False, f"{device} is not a usable GPU"
@@ -75,6 +68,18 @@ def kernels_supported(device) -> tuple[bool, str]:
         return False, (f"the hand-written CUDA kernels need compute capability "
                        f"{MIN_COMPUTE_CAPABILITY // 10}.{MIN_COMPUTE_CAPABILITY % 10} (sm_{MIN_COMPUTE_CAPABILITY}) "
                        f"or newer; {device} is sm_{cc}")
+    return compiler_status()
+
+
+def compiler_status() -> tuple[bool, str]:
+    """(whether CuPy can compile the CUDA sources here, why not): NVRTC must load (a CuPy
+    without its CUDA toolkit libraries, or the CPU simulation of CuPy, cannot)."""
+    try:
+        import cupy
+
+        cupy.cuda.nvrtc.getVersion()
+    except Exception as exc:  # noqa: BLE001 -- any failure means: no compiler
+        return False, f"CuPy cannot compile CUDA sources here (NVRTC: {exc})"
     return True, ""
 
 
@@ -87,8 +92,7 @@ def paths(device) -> str:
 
 
 def get(op_type: str):
-    if getattr(sys.modules.get("cupy"), "__gpukernels_simulated__", False):
-        return None  # the CPU simulation of CuPy (tests/cupy_sim) cannot run CUDA kernels
+    """op_type's registered CUDA path (checking the GPU before it runs), or None."""
     if op_type not in _IMPLS and op_type in _MODULES:
         try:
             importlib.import_module(_MODULES[op_type])

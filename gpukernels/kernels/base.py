@@ -26,7 +26,9 @@ from ..options import OPTIONS, Options  # noqa: F401 -- OPTIONS: the listing, re
 from ..tensor import Optional, Sequence, Tensor
 from ..xp import Device, is_cupy_array, namespace
 from ._loader import load_all as _load_all
+from .specialize import cuda_kernel as _cuda_kernel_entry
 from .specialize import find as _find_specialization
+from .specialize import note_chosen as _note_chosen
 from .specialize import resolve_paths
 from .subgraphs import runner as _subgraph_runner
 
@@ -329,7 +331,7 @@ class KernelBase:
             raise CudaKernelError(f"{self.op_type}: the CUDA kernel does not cover this case and "
                                   "the context demands it (options cuda_kernels='always')")
         if result is not None:
-            accelerated.launch_counts[self.op_type] = accelerated.launch_counts.get(self.op_type, 0) + 1
+            _note_chosen(_cuda_kernel_entry(self.op_type))
         return result
 
     # --- inputs

@@ -34,6 +34,7 @@ which are listed here as the sites ``"<Operator>.cuda_kernel"``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -103,8 +104,7 @@ def find(site: str, device: str, paths: str, args: tuple):
         return None
     for spec in _SITES.get(site, ()):
         if spec.device == device and (spec.when is None or spec.when(*args)):
-            if _recording is not None:
-                _recording.append(spec)
+            note_chosen(spec)
             return spec.fn
     return None
 
@@ -116,11 +116,23 @@ def registry() -> list[Specialization]:
     from ..gpu import accelerated
 
     specs = [s for group in _SITES.values() for s in group]
-    for op in accelerated.operators():
-        specs.append(Specialization(f"{op}.cuda_kernel", "cuda", accelerated.get, None, (op,),
-                                    "see tests/gpu (CUDA kernels against the array path)",
-                                    f"gpukernels.gpu.accelerated[{op!r}]"))
+    specs.extend(cuda_kernel(op) for op in accelerated.operators())
     return sorted(specs, key=lambda s: (s.site, s.device))
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_kernel(op_type: str) -> Specialization:
+    """The entry that stands for op_type's hand-written CUDA kernel (site
+    '<Operator>.cuda_kernel'; KernelBase.cuda_path chooses it, gpu/accelerated.py runs it)."""
+    return Specialization(f"{op_type}.cuda_kernel", "cuda", None, None, (op_type,),
+                          "see tests/gpu (CUDA kernels against the array path)",
+                          f"gpukernels.gpu.accelerated[{op_type!r}]")
+
+
+def note_chosen(spec: Specialization) -> None:
+    """Tell an open recording() that spec ran (find() does it for registered sites)."""
+    if _recording is not None:
+        _recording.append(spec)
 
 
 def sites() -> list[str]:
@@ -130,8 +142,9 @@ def sites() -> list[str]:
 
 @contextlib.contextmanager
 def recording():
-    """Within the block, the list yielded collects every Specialization chosen (tests use
-    it to prove that a case took the path it means to compare)."""
+    """Within the block, the list yielded collects every Specialization chosen, the CUDA
+    kernels that ran included (tests and benchmarks use it to prove that a case took the
+    path it means to measure or compare).  One recording at a time per process."""
     global _recording
     previous, _recording = _recording, []
     try:

@@ -24,6 +24,7 @@ from onnx import TensorProto
 import emulator
 from gpukernels.conformance import collect, run_case
 from gpukernels.gpu import accelerated
+from gpukernels.kernels import specialize
 from gpukernels.kernels.nn.attention import Attention
 from gpukernels.kernels.nn.conv import Conv
 from gpukernels.kernels.nn.linear_attention import LinearAttention
@@ -112,10 +113,10 @@ def test_the_rule_reads_the_node_not_the_name():
 def test_case_runs_through_cuda_kernel(case):
     if not cuda_status().available:
         pytest.skip(f"no usable GPU: {cuda_status().reason}")
-    before = accelerated.launch_counts.get(case.operator, 0)
-    outcome = run_case(case, "cuda")
+    with specialize.recording() as chosen:
+        outcome = run_case(case, "cuda")
     assert outcome.status == "passed", outcome.message
-    launched = accelerated.launch_counts.get(case.operator, 0) - before
+    launched = sum(s.site == f"{case.operator}.cuda_kernel" for s in chosen)
     covered, why = cuda_must_run(case)
     if covered:
         assert launched > 0, f"{case.id} passed through the array fallback, not the CUDA kernel"
