@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .dtypes import DataType, info
-from .xp import host_empty
+from .host import pooled_empty
+from .xp import device_of, to_device
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,11 @@ def _decode_table(data_type: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _device_table(data_type: int, device_id: int):
-    import cupy
-
-    with cupy.cuda.Device(device_id):
-        return cupy.asarray(_decode_table(data_type))
+def _table_on(device, data_type: int, saturate: bool | None):
+    """A code table on device (copied there once): the decode table of data_type when
+    saturate is None, else its float32_code_table."""
+    table = _decode_table(data_type) if saturate is None else float32_code_table(data_type, saturate)
+    return to_device(table, device)
 
 
 def decode(xp, bits, data_type: int):
@@ -99,11 +100,34 @@ def decode(xp, bits, data_type: int):
     i = info(dt)
     if i.kind != "float" or i.bits > 8:
         raise TypeError(f"decode: {dt.name} is not a small float type")
-    table = _decode_table(dt) if xp is np else _device_table(int(dt), int(bits.device.id))
+    table = _table_on(device_of(bits), int(dt), None)
     codes = bits.view(xp.uint8)
     if i.bits < 8:
         codes = codes & np.uint8(table.size - 1)
     return table[codes]
+
+
+def _as_bit_pattern(dtype, data_type) -> bool:
+    """Whether an array of dtype holds a float data_type as its bit pattern (its storage
+    dtype, where the array library lacks the type: CuPy) rather than as itself."""
+    i = info(data_type)
+    return i.kind == "float" and np.dtype(dtype) != i.numpy and np.dtype(dtype) == i.storage
+
+
+def to_float32(xp, array, data_type: int):
+    """float32 values of an array holding a float data_type either as itself (NumPy,
+    ml_dtypes for the types NumPy lacks) or as its bit pattern (CuPy): its dtype says."""
+    if _as_bit_pattern(array.dtype, data_type):
+        return decode(xp, array, data_type)
+    return array if array.dtype == np.float32 else array.astype(np.float32)
+
+
+def from_float32(xp, values, data_type: int, dtype):
+    """float32 values rounded once into a float data_type, held in dtype: the type itself
+    (astype) or its bit pattern (encode, saturating as from_compute does)."""
+    if _as_bit_pattern(dtype, data_type):
+        return encode(xp, values, data_type, True)
+    return values.astype(dtype)
 
 
 # ------------------------------------------------------------------------ encode
@@ -128,14 +152,17 @@ def encode(xp, values, data_type: int, saturate: bool = True, round_mode: str = 
         raise TypeError(f"encode: {dt.name} is not a small float type")
     if dt == DataType.BFLOAT16:
         saturate = False  # IEEE-like: overflow gives inf
-    if xp is np and x.dtype == np.float32:
-        return _encode_float32_host(x, dt, saturate)
+    if x.dtype == np.float32:
+        return _encode_float32(xp, x, dt, saturate)
     return _encode_binary(xp, x, fmt, saturate, info(dt).storage)
 
 
-# ------------------------------------------------------------------ host float32 fast path
+# ------------------------------------------------------------------ float32 encode
 
-HOST_CHUNK = 1 << 16  # elements per pass on the host: the temporaries stay in cache
+# elements per pass of _encode_float32, a tuning choice per device: on the host the
+# temporaries stay in cache; on a GPU one pass per 16M elements bounds the workspace
+ENCODE_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}
+HOST_CHUNK = ENCODE_CHUNK["cpu"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,51 +173,56 @@ def float32_code_table(data_type: int, saturate: bool) -> np.ndarray:
     These formats keep at most 6 mantissa bits, so rounding happens at bit 17 of the
     float32 or above and the low 16 bits only act as a sticky bit: the representative
     (hi << 16) | 0x8000 of the nonzero-low-bits class rounds like every member (NaN for
-    an inf exponent, as the members are).  Built once by _encode_binary."""
+    an inf exponent, as the members are).  Built once (on the host) by _encode_binary."""
     i = np.arange(1 << 17, dtype=np.uint32)
     reps = ((i >> 1) << 16 | (i & 1) << 15).view(np.float32)
     dt = DataType(int(data_type))
     return _encode_binary(np, reps, FORMATS[dt], saturate, info(dt).storage)
 
 
-def _encode_float32_host(x: np.ndarray, dt: DataType, saturate: bool) -> np.ndarray:
-    """Host encode of float32 values, chunk by chunk: bfloat16 by integer rounding of the
-    bit pattern, the <=8-bit formats by one lookup in float32_code_table.  Equal to
-    _encode_binary (the tests check it), several times faster on the host."""
-    flat = np.ascontiguousarray(x).reshape(-1)
-    u_all = flat.view(np.uint32)
+def _encode_float32(xp, x, dt: DataType, saturate: bool):
+    """Encode of float32 values, chunk by chunk (ENCODE_CHUNK for the data's device):
+    bfloat16 by integer rounding of the bit pattern, the <=8-bit formats by one lookup in
+    float32_code_table.  Equal to _encode_binary (the tests check it) with a few integer
+    passes instead of about 25 array operations."""
+    flat = xp.ascontiguousarray(x).reshape(-1)
+    u_all = flat.view(xp.uint32)
     n = flat.size
-    storage = info(dt).storage
-    out = host_empty((n,), storage)
-    t = np.empty(min(n, HOST_CHUNK), dtype=np.uint32)
+    out = pooled_empty(xp, (n,), info(dt).storage)
+    device = device_of(flat)
+    step = ENCODE_CHUNK["cuda" if device.is_cuda else "cpu"]
+    t = xp.empty(min(n, step), dtype=xp.uint32)
     if dt == DataType.BFLOAT16:
-        for a in range(0, n, HOST_CHUNK):
-            u = u_all[a:a + HOST_CHUNK]
+        quiet = xp.empty_like(t)
+        for a in range(0, n, step):
+            u = u_all[a:a + step]
             r = t[:u.size]
             # round half to even at bit 16: add 0x7FFF plus the kept lsb, keep the top half
-            np.right_shift(u, 16, out=r)
+            xp.right_shift(u, 16, out=r)
             r &= 1
             r += 0x7FFF
             r += u
             r >>= 16
-            nan = np.isnan(flat[a:a + HOST_CHUNK])
-            if nan.any():  # quiet NaN, sign kept
-                r[nan] = ((u[nan] >> 16) & 0x8000) | 0x7FC0
-            out[a:a + HOST_CHUNK] = r
+            q = quiet[:u.size]  # NaN: quiet, sign kept (a masked copy: no device sync)
+            xp.right_shift(u, 16, out=q)
+            q &= 0x8000
+            q |= 0x7FC0
+            xp.copyto(r, q, where=xp.isnan(flat[a:a + step]))
+            out[a:a + step] = r
     else:
-        table = float32_code_table(int(dt), bool(saturate))
-        k = np.empty(t.size, dtype=np.intp)
-        for a in range(0, n, HOST_CHUNK):
-            u = u_all[a:a + HOST_CHUNK]
+        table = _table_on(device, int(dt), bool(saturate))
+        k = xp.empty(t.size, dtype=np.intp)
+        for a in range(0, n, step):
+            u = u_all[a:a + step]
             r = t[:u.size]
             # (u >> 15) with bit 0 replaced by "any of bits 15..0 set"
-            np.bitwise_and(u, 0x7FFF, out=r)
+            xp.bitwise_and(u, 0x7FFF, out=r)
             r += 0x7FFF
             r |= u
             r >>= 15
             kk = k[:u.size]
             kk[...] = r
-            np.take(table, kk, out=out[a:a + HOST_CHUNK], mode="clip")  # indices < 2**17
+            xp.take(table, kk, out=out[a:a + step])  # indices < 2**17
     return out.reshape(x.shape)
 
 

@@ -222,7 +222,7 @@ def test_e8m0_bad_mode():
 
 
 def _arith(x, dt, saturate):
-    """The array-arithmetic encoder (the GPU path) on the host."""
+    """The array-arithmetic encoder (_encode_binary: float64 input; builds the float32 table)."""
     sat = False if dt == DataType.BFLOAT16 else saturate
     return codec._encode_binary(np, x, codec.FORMATS[dt], sat, info(dt).storage)
 
@@ -257,3 +257,25 @@ def test_float32_host_paths_match_arithmetic():
             assert got2.shape == (20, 30)
             np.testing.assert_array_equal(got2.reshape(-1), want[:600])
     assert codec.encode(np, np.zeros((0, 3), np.float32), DataType.FLOAT8E4M3FN).shape == (0, 3)
+
+
+def test_float32_encode_and_decode_on_each_device(device, monkeypatch):
+    """encode (float32 input) and decode run the same array code on NumPy and CuPy: equal
+    bit patterns on both devices, over several chunks of the device's ENCODE_CHUNK, a
+    ragged last one and NaNs of both signs."""
+    from gpukernels.xp import namespace, to_device, to_host
+
+    monkeypatch.setitem(codec.ENCODE_CHUNK, "cuda" if device == "cuda" else "cpu", 1000)
+    xp = namespace(device)
+    rng = np.random.default_rng(12)
+    u = rng.integers(0, 2 ** 32, 2 * 1000 + 79, dtype=np.uint64).astype(np.uint32)
+    x = u.view(np.float32).reshape(-1, 7)
+    xd = to_device(x, device)
+    for dt in SMALL + [DataType.BFLOAT16]:
+        for sat in (True, False):
+            got = codec.encode(xp, xd, dt, sat)
+            assert got.shape == x.shape and got.dtype == info(dt).storage
+            want = _arith(x.reshape(-1), dt, sat).reshape(x.shape)
+            np.testing.assert_array_equal(to_host(got), want, err_msg=f"{dt.name} saturate={sat}")
+            back = to_host(codec.decode(xp, got, dt))
+            np.testing.assert_array_equal(back, codec.decode(np, want, dt), err_msg=dt.name)

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from ..codec import from_float32, to_float32
 from ..dtypes import DataType
 from ..errors import CudaKernelError
 from ..tensor import Tensor
@@ -117,14 +118,8 @@ def run(backend, *, query: Tensor, key: Tensor, value: Tensor, past_state=None, 
     bt = backend.device_array(beta.array) if beta_heads else None
     s_in = None
     if not _absent(past_state):
-        ps = past_state.array
-        if state_type == DataType.BFLOAT16 and xp is not np:  # CuPy holds bfloat16 as its bit pattern
-            from ..codec import decode
-
-            ps = decode(xp, ps, DataType.BFLOAT16)
-        if ps.dtype != np.float32:
-            ps = ps.astype(np.float32)
-        s_in = backend.device_array(ps)
+        # bfloat16 is held as its bit pattern on CuPy, as ml_dtypes on the emulator
+        s_in = backend.device_array(to_float32(xp, past_state.array, state_type))
 
     if T == 0:
         # no token: present_state is past_state (or zeros); no kernel runs, so state_out is
@@ -151,14 +146,8 @@ def run(backend, *, query: Tensor, key: Tensor, value: Tensor, past_state=None, 
 def _present(backend, state_f32, state_type: DataType) -> Tensor:
     if state_type == DataType.FLOAT:
         return Tensor.wrap(state_f32, DataType.FLOAT)
-    target = backend.dtype_for(state_type)
-    if backend.xp is np:
-        return Tensor.wrap(state_f32.astype(target), state_type)
-    if state_type == DataType.BFLOAT16:  # CuPy holds bfloat16 as its bit pattern
-        from ..codec import encode
-
-        return Tensor.wrap(encode(backend.xp, state_f32, DataType.BFLOAT16, True), state_type)
-    return Tensor.wrap(state_f32.astype(target), state_type)
+    # rounded once into the backend's storage of the type (bfloat16: bit pattern on CuPy)
+    return Tensor.wrap(from_float32(backend.xp, state_f32, state_type, backend.dtype_for(state_type)), state_type)
 
 
 def _run_recurrent(backend, dt, q, k, v, s_in, dcy, bt, out, state_out, B, T, Hq, Hkv, dk, dv, decay_width,

@@ -47,7 +47,9 @@ LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF = range(8)
 _MODE_NAMES = {"BRANCH_LEQ": LEQ, "BRANCH_LT": LT, "BRANCH_GTE": GTE, "BRANCH_GT": GT, "BRANCH_EQ": EQ,
                "BRANCH_NEQ": NEQ, "BRANCH_MEMBER": MEMBER, "LEAF": LEAF}
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
-_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 22}  # (sample, tree) pairs per evaluation chunk
+# (sample, tree) pairs per evaluation chunk, by the context's device_kind: a tuning choice
+# (the host keeps a chunk's gathers in cache; a GPU wants few, large launches)
+_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 22}
 _DENSE_MAX = 1 << 21  # largest [node, target] table of leaf values (16 MiB of float64)
 
 
@@ -257,9 +259,11 @@ class Forest:
         self._layout = (xp, layout)
         return layout
 
-    def aggregate(self, xp, x, how: str):
+    def aggregate(self, kernel, x, how: str):
         """Per-target aggregate over the trees: [N, n_targets] float64; a target no leaf
-        contributed to is 0."""
+        contributed to is 0.  Evaluated in chunks of rows sized for kernel's device."""
+        xp = kernel.xp
+        pairs = _CHUNK[kernel.ctx.device_kind]
         n = x.shape[0]
         nt = self.n_targets
         t = max(self.roots.size, 1)
@@ -268,7 +272,7 @@ class Forest:
         dense = self._dense_values(xp, how)
         if dense is not None:  # a [node, target] table: gather and reduce over the trees
             values, hit = dense
-            step = max(1, _CHUNK["cpu" if xp is np else "cuda"] // (t * nt))
+            step = max(1, pairs // (t * nt))
             parts = []
             for lo in range(0, n, step):
                 pos = self.leaves(xp, x[lo:lo + step])
@@ -292,7 +296,7 @@ class Forest:
             hits = xp.zeros(n * nt, dtype=np.int64)
         else:
             acc = xp.zeros(n * nt)
-        step = max(1, _CHUNK["cpu" if xp is np else "cuda"] // t)
+        step = max(1, pairs // t)
         for lo in range(0, n, step):
             hi = min(n, lo + step)
             pos = self.leaves(xp, x[lo:hi])
@@ -472,7 +476,7 @@ class TreeEnsembleRegressor(KernelBase):
         forest, base, agg, mode = _planned(self, attrs, lambda: self._plan(x, *attrs))
         a, _ = _prepare_input(self, x, forest)
         xp = self.xp
-        y = forest.aggregate(xp, a, agg)
+        y = forest.aggregate(self, a, agg)
         if base.size:
             y = y + xp.asarray(base)
         y = apply_post_transform(xp, y, mode)
@@ -539,7 +543,7 @@ class TreeEnsembleClassifier(KernelBase):
             self, attrs, lambda: self._plan(x, *attrs))
         a, _ = _prepare_input(self, x, forest)
         xp = self.xp
-        scores = forest.aggregate(xp, a, "SUM")
+        scores = forest.aggregate(self, a, "SUM")
         if binary:
             c = int(used[0])
             s = scores[:, c] + (base[c if base.size == 2 else 0] if base.size else 0.0)
@@ -609,7 +613,7 @@ class TreeEnsemble(KernelBase):
         forest, agg, mode = _planned(self, attrs, lambda: self._plan(x, *attrs[1:]))
         a, _ = _prepare_input(self, x, forest)
         xp = self.xp
-        y = forest.aggregate(xp, a, agg)
+        y = forest.aggregate(self, a, agg)
         y = apply_post_transform(xp, y, mode)
         return self.from_compute(y, x.data_type)
 
