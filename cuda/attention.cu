@@ -7,8 +7,10 @@
 // q head h = hk * G + rho % G, so K/V tiles are loaded once for the whole group.
 //
 //   gk_attn_simt<DMAX, BM>        float32, exact float32 FMAs (no TF32), 256 threads
-//   gk_attn_tc<T, DMAX, NW>       __half / __nv_bfloat16 on tensor cores (common/mma.cuh),
-//                                 float32 accumulation and softmax, NW warps of 16 rows
+//   gk_attn_tc<T, DMAX, NW>       tensor cores (gk::TensorCore<T>, common/mma.cuh), float32
+//                                 accumulation and softmax, NW warps of 16 rows: __half /
+//                                 __nv_bfloat16 (m16n8k16) and, for float32 when the context
+//                                 allows TF32, float (TF32 m16n8k8, inputs rounded to nearest)
 //   gk_attn_combine<T>            merges the split-KV partial results (decoding)
 //   gk_attn_present<U>            present_key/value = concat(past, new) (bit copy)
 //
@@ -257,13 +259,38 @@ __device__ __forceinline__ void pack_p(float p0, float p1, unsigned& hi, unsigne
     lo = 0u;
   }
 }
-__device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half*) {
-  gk::mma_m16n8k16_f16(d, a, b, d);
+// The A fragment of P for k-step kk of the P V product, from the S accumulators (n8 tiles of
+// keys, columns in TensorCore<T>::acc_col order).  f16 / bf16: keys 16 kk .. +16 are the n8
+// tiles 2 kk and 2 kk + 1, packed in pairs (pack_p).  float (TF32): keys 8 kk .. +8 are tile
+// kk, whose accumulators already sit in the A layout (columns t, t + 4); P is rounded to TF32
+// once, as the tensor core rounds every input.
+template <class T, int NB>
+__device__ __forceinline__ void p_fragment(const float (&s)[NB][4], int kk, unsigned (&hi)[4], unsigned (&lo)[4]) {
+  if constexpr (sizeof(T) == 4) {
+    hi[0] = gk::to_tf32(s[kk][0]);
+    hi[1] = gk::to_tf32(s[kk][2]);
+    hi[2] = gk::to_tf32(s[kk][1]);
+    hi[3] = gk::to_tf32(s[kk][3]);
+  } else {
+    pack_p<T>(s[2 * kk][0], s[2 * kk][1], hi[0], lo[0]);
+    pack_p<T>(s[2 * kk][2], s[2 * kk][3], hi[1], lo[1]);
+    pack_p<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], hi[2], lo[2]);
+    pack_p<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], hi[3], lo[3]);
+  }
 }
-__device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
-                                             __nv_bfloat16*) {
-  gk::mma_m16n8k16_bf16(d, a, b, d);
-}
+
+// Tile shape of gk_attn_tc<T, DMAX, NW> (the launcher mirrors it: gpu/attention.py tc_tile):
+// BN keys per tile and the leading dimensions (elements) of Q / K rows and of V rows.
+// f16 / bf16: BN 64 (32 for DMAX 256), LD = DMAX + 8 (an odd multiple of 16 bytes: ldmatrix
+// conflict-free).  float: BN = 4096 / DMAX (64, 32, 16) so that the double-buffered tiles fit
+// the 163 KB an sm_80 block may use; LDK = DMAX + 4 (4 mod 8 words: the TF32 A and [n][k] B
+// loads are conflict-free), LDV = DMAX + 8 (8 mod 16: the [k][n] B loads).
+template <class T, int DMAX>
+struct TcTile {
+  static constexpr bool F32 = sizeof(T) == 4;
+  static constexpr int BN = F32 ? 4096 / DMAX : (DMAX == 256 ? 32 : 64);
+  static constexpr int LDK = DMAX + (F32 ? 4 : 8), LDV = DMAX + 8;
+};
 
 }  // namespace gk_attn
 
@@ -433,75 +460,79 @@ __global__ void __launch_bounds__(256, DMAX <= 128 ? 2 : 1) gk_attn_simt(
   }
 }
 
-// ====================================================================== half / bfloat16
-// One 8-element chunk of a row into shared memory: elements d.. of src (nullptr: a row
-// past the end), zero past the row length n.  With vec_ok (16-byte aligned rows) one
-// cp.async that zero-fills when nothing is read (from base, a valid address); else
-// element by element.
+// ====================================================================== tensor cores
+// One 16-byte chunk (16 / sizeof(T) elements) of a row into shared memory: elements d.. of
+// src (nullptr: a row past the end), zero past the row length n.  With vec_ok (16-byte
+// aligned rows, lengths a multiple of the chunk) one cp.async that zero-fills when nothing is
+// read (from base, a valid address); else element by element.
 template <class T>
-__device__ __forceinline__ void copy_chunk8(T* dst, const T* src, const T* base, int d, int n, bool vec_ok) {
+__device__ __forceinline__ void copy_chunk16(T* dst, const T* src, const T* base, int d, int n, bool vec_ok) {
   if (vec_ok) {
     const bool ok = src != nullptr && d < n;
     gk::cp_async_16(dst, ok ? src : base, ok ? 16 : 0);
   } else {
     const T zero = gk::from_float<T>(0.0f);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) dst[e] = (src != nullptr && d + e < n) ? src[e] : zero;
+    for (int e = 0; e < (int)(16 / sizeof(T)); ++e) dst[e] = (src != nullptr && d + e < n) ? src[e] : zero;
   }
 }
 
-// NW warps; warp w owns rows w*16 .. +16 of the block (BM = 16 NW).  Per key tile:
-// S (16 x BN) = Q K^T with m16n8k16 (A = Q from ldmatrix, B = K rows from ldmatrix), the
-// online softmax on the accumulator fragments (a row spans the 4 lanes of a quad), then
-// O += P V with P taken straight from the S fragments (rounded to T; float16: hi + lo, see
-// pack_p) and V through
-// ldmatrix.trans.  K/V tiles are double-buffered (cp.async when 16-byte aligned).
-// Shared memory: Qs [BM][LD], Ks [2][BN][LD], Vs [2][BN][LD] with LD = DMAX + 8.
+// NW warps; warp w owns rows w*16 .. +16 of the block (BM = 16 NW).  T = __half /
+// __nv_bfloat16, or float for TF32; products through gk::TensorCore<T>.  Per key tile:
+// S (16 x BN) = Q K^T (A = Q rows, B = K rows: load_b_nk), the online softmax on the
+// accumulator fragments (a row spans the 4 lanes of a quad; key of an accumulator by
+// acc_col), then O += P V with P taken straight from the S fragments (p_fragment: rounded
+// to T, float16 as hi + lo, see pack_p; TF32 rounded once) and V rows as a [k][n] B.
+// K/V tiles are double-buffered (cp.async when 16-byte aligned).
+// Shared memory: Qs [BM][LDK], Ks [2][BN][LDK], Vs [2][BN][LDV] (TcTile).
 template <class T, int DMAX, int NW>
-__global__ void __launch_bounds__(NW * 32) gk_attn_tc(
+__global__ void __launch_bounds__(NW * 32, 1) gk_attn_tc(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ pk,
     const T* __restrict__ pv, const void* __restrict__ mask, const long long* __restrict__ nonpad,
     T* __restrict__ y, float* __restrict__ part, GK_ATTN_SCALARS) {
   using namespace gk_attn;
-  constexpr int BM = 16 * NW, BN = DMAX == 256 ? 32 : 64, LD = DMAX + 8, NT = NW * 32;
-  constexpr int NB = BN / 8, NO = DMAX / 8;
+  using TC = gk::TensorCore<T>;
+  using Tile = TcTile<T, DMAX>;
+  constexpr int BM = 16 * NW, BN = Tile::BN, LDK = Tile::LDK, LDV = Tile::LDV, NT = NW * 32, KS = TC::KS;
+  constexpr int NB = BN / 8, NO = DMAX / 8, CH = 16 / sizeof(T);
+  static_assert(BN % 16 == 0 && DMAX % 16 == 0, "key tiles and head sizes in pairs of n8 tiles");
   GK_ATTN_MAKE_ARGS(a);
   extern __shared__ __align__(16) unsigned char gk_attn_smem[];
   T* Qs = reinterpret_cast<T*>(gk_attn_smem);
-  T* Ks = Qs + BM * LD;
-  T* Vs = Ks + 2 * BN * LD;
+  T* Ks = Qs + BM * LDK;
+  T* Vs = Ks + 2 * BN * LDK;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int rho0 = a.rb * BM;
-  const int dpad = (a.D + 15) & ~15, dvpad = (a.Dv + 15) & ~15;
-  const int dch = dpad >> 3, dvch = dvpad >> 3;  // 8-element chunks per row
+  const int dpad = (a.D + KS - 1) / KS * KS, dvpad = (a.Dv + 15) & ~15;
+  const int dch = dpad / CH, dvch = dvpad / CH;  // 16-byte chunks per row
 
   // rows [rho0, rho0 + BM) of Q into Qs
   for (int idx = tid; idx < BM * dch; idx += NT) {
-    int r = idx / dch, d = (idx % dch) * 8;
+    int r = idx / dch, d = (idx % dch) * CH;
     int rho = rho0 + r;
-    T* dst = Qs + r * LD + d;
+    T* dst = Qs + r * LDK + d;
     const T* src = nullptr;
     if (rho < a.M) {
       int i = rho / a.G, h = a.hk * a.G + rho % a.G;
       src = q + (i64)a.b * a.sQb + (i64)h * a.sQh + (i64)i * a.sQs + d;
     }
-    copy_chunk8(dst, src, q, d, a.D, a.vec_ok);
+    copy_chunk16(dst, src, q, d, a.D, a.vec_ok);
   }
   auto load_tile = [&](int t, int buf) {
     const int j0 = t * BN;
-    T* kd = Ks + buf * BN * LD;
-    T* vd = Vs + buf * BN * LD;
+    T* kd = Ks + buf * BN * LDK;
+    T* vd = Vs + buf * BN * LDV;
     for (int idx = tid; idx < BN * dch; idx += NT) {
-      int c = idx / dch, d = (idx % dch) * 8, j = j0 + c;
-      T* dst = kd + c * LD + d;
+      int c = idx / dch, d = (idx % dch) * CH, j = j0 + c;
+      T* dst = kd + c * LDK + d;
       const T* src = j < a.T ? kv_row(k, pk, a, j, a.D, a.sKb, a.sKh, a.sKs) + d : nullptr;
-      copy_chunk8(dst, src, k, d, a.D, a.vec_ok);
+      copy_chunk16(dst, src, k, d, a.D, a.vec_ok);
     }
     for (int idx = tid; idx < BN * dvch; idx += NT) {
-      int c = idx / dvch, d = (idx % dvch) * 8, j = j0 + c;
-      T* dst = vd + c * LD + d;
+      int c = idx / dvch, d = (idx % dvch) * CH, j = j0 + c;
+      T* dst = vd + c * LDV + d;
       const T* src = j < a.T ? kv_row(v, pv, a, j, a.Dv, a.sVb, a.sVh, a.sVs) + d : nullptr;
-      copy_chunk8(dst, src, v, d, a.Dv, a.vec_ok);
+      copy_chunk16(dst, src, v, d, a.Dv, a.vec_ok);
     }
   };
 
@@ -526,25 +557,24 @@ __global__ void __launch_bounds__(NW * 32) gk_attn_tc(
     if (t + 1 < tr.t_end) load_tile(t + 1, buf ^ 1);
     gk::cp_async_commit();
 
-    const T* Kb = Ks + buf * BN * LD;
-    const T* Vb = Vs + buf * BN * LD;
+    const T* Kb = Ks + buf * BN * LDK;
+    const T* Vb = Vs + buf * BN * LDV;
     float s[NB][4];
 #pragma unroll
     for (int n = 0; n < NB; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < DMAX / 16; ++kk) {
-      if (kk * 16 >= dpad) break;
+    for (int kk = 0; kk < DMAX / KS; ++kk) {
+      if (kk * KS >= dpad) break;
       unsigned af[4];
-      gk::ldmatrix_x4(af, Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+      TC::load_a(af, Qs + warp * 16 * LDK + kk * KS, LDK, lane);
 #pragma unroll
       for (int n2 = 0; n2 < NB / 2; ++n2) {
-        unsigned bq[4];
-        gk::ldmatrix_x4(bq, Kb + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-        const unsigned b0[2] = {bq[0], bq[1]}, b1[2] = {bq[2], bq[3]};
-        mma_dispatch(s[2 * n2], af, b0, (T*)nullptr);
-        mma_dispatch(s[2 * n2 + 1], af, b1, (T*)nullptr);
+        unsigned b0[2], b1[2];
+        TC::load_b_nk(b0, b1, Kb + n2 * 16 * LDK + kk * KS, LDK, lane);
+        TC::mma(s[2 * n2], af, b0);
+        TC::mma(s[2 * n2 + 1], af, b1);
       }
     }
     const bool need = tile_needs_bias<BN>(a, tr, j0);
@@ -555,7 +585,8 @@ __global__ void __launch_bounds__(NW * 32) gk_attn_tc(
       for (int n = 0; n < NB; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          x[2 * n + e] = finish_score(a, s[n][2 * ri + e] * a.scale, rows[ri], j0 + n * 8 + 2 * t4 + e, need);
+          x[2 * n + e] =
+              finish_score(a, s[n][2 * ri + e] * a.scale, rows[ri], j0 + n * 8 + TC::acc_col(t4, e), need);
       float alpha = online_softmax<2 * NB, true>(x, m[ri], l[ri], 4);
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
@@ -569,23 +600,19 @@ __global__ void __launch_bounds__(NW * 32) gk_attn_tc(
       }
     }
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
+    for (int kk = 0; kk < BN / KS; ++kk) {
       unsigned af[4], al[4];
-      pack_p<T>(s[2 * kk][0], s[2 * kk][1], af[0], al[0]);
-      pack_p<T>(s[2 * kk][2], s[2 * kk][3], af[1], al[1]);
-      pack_p<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], af[2], al[2]);
-      pack_p<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], af[3], al[3]);
+      p_fragment<T>(s, kk, af, al);
 #pragma unroll
       for (int n2 = 0; n2 < NO / 2; ++n2) {
         if (n2 * 16 >= dvpad) break;
-        unsigned bq[4];
-        gk::ldmatrix_x4_trans(bq, Vb + (kk * 16 + (lane & 15)) * LD + n2 * 16 + (lane >> 4) * 8);
-        const unsigned b0[2] = {bq[0], bq[1]}, b1[2] = {bq[2], bq[3]};
-        mma_dispatch(o[2 * n2], af, b0, (T*)nullptr);
-        mma_dispatch(o[2 * n2 + 1], af, b1, (T*)nullptr);
-        if (SplitP<T>::value) {
-          mma_dispatch(o[2 * n2], al, b0, (T*)nullptr);
-          mma_dispatch(o[2 * n2 + 1], al, b1, (T*)nullptr);
+        unsigned b0[2], b1[2];
+        TC::load_b_kn(b0, b1, Vb + kk * KS * LDV + n2 * 16, LDV, lane);
+        TC::mma(o[2 * n2], af, b0);
+        TC::mma(o[2 * n2 + 1], af, b1);
+        if constexpr (SplitP<T>::value) {
+          TC::mma(o[2 * n2], al, b0);
+          TC::mma(o[2 * n2 + 1], al, b1);
         }
       }
     }

@@ -10,9 +10,11 @@
 //
 //   gk_conv_simt<BM>     float32, exact float32 FMAs, tile BM x 128 x 8, 256 threads (8x8 or 4x8
 //                        outputs per thread), register-prefetched double buffer
-//   gk_conv_tc<T, BM, PW> __half / __nv_bfloat16 on tensor cores (common/mma.cuh), float32
-//                        accumulation, tile BM x 128 x 32, 8 warps; PW: 1x1 stride-1 unpadded
-//                        convolutions read X 8 pixels (16 bytes) at a time
+//   gk_conv_tc<T, BM, PW> tensor cores (gk::TensorCore<T>, common/mma.cuh), float32 accumulation,
+//                        8 warps: __half / __nv_bfloat16 (m16n8k16, tile BM x 128 x 32) and, for
+//                        float32 when the context allows TF32, float (TF32 m16n8k8, inputs
+//                        rounded to nearest, tile BM x 128 x 16: the same bytes per tile);
+//                        PW: 1x1 stride-1 unpadded convolutions read X 16 bytes at a time
 //   gk_conv_direct<T>    depthwise (Cg == 1): one output element per thread, float32 sums
 //
 // Offsets into X and Y are 64-bit.  Out-of-range taps (padding) read as zero.
@@ -68,14 +70,6 @@ __device__ __forceinline__ i64 y_offset(i64 p, i64 npix, int M, i64 opix) {
   if (p >= npix) return -1;
   i64 n = p / opix;
   return n * M * opix + (p - n * opix);
-}
-
-__device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], __half*) {
-  gk::mma_m16n8k16_f16(d, a, b, d);
-}
-__device__ __forceinline__ void mma_dispatch(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
-                                             __nv_bfloat16*) {
-  gk::mma_m16n8k16_bf16(d, a, b, d);
 }
 
 }  // namespace gk_conv
@@ -160,21 +154,29 @@ __global__ void __launch_bounds__(256, 2) gk_conv_simt(const float* __restrict__
   }
 }
 
-// ====================================================================== half / bfloat16
+// ====================================================================== tensor cores
 // 8 warps = 2 (rows) x 4 (columns); warp tile (BM/2) x 32 = MI m16 x 4 n8 fragments.
-// A (W rows, k contiguous) via ldmatrix, B (X_col rows kk, pixels contiguous) via
-// ldmatrix.trans.  W is read 8 elements at a time (16-byte loads when vec_ok).
-// PW (pointwise: 1x1 kernel, stride 1, no padding, output plane a multiple of 8 elements,
-// X 16-byte aligned): X_col rows are contiguous pixel runs of X, read 8 pixels at a time.
+// T = __half / __nv_bfloat16 (m16n8k16) or float (TF32 m16n8k8, gk::TensorCore<float>).
+// A (W rows, k contiguous) and B (X_col rows kk, pixels contiguous) fragments through
+// TensorCore<T>; W is read in 16-byte chunks of CH elements (vector loads when vec_ok).
+// BK = 64 bytes of k per tile (32 halves, 16 floats), so that both tile sets take the same
+// shared memory; the leading dimensions keep every fragment load conflict-free (ALD: an odd
+// multiple of 16 bytes, 4 mod 8 words; BLD: 8 mod 16 elements).
+// PW (pointwise: 1x1 kernel, stride 1, no padding, output plane a multiple of CH elements,
+// X 16-byte aligned): X_col rows are contiguous pixel runs of X, read CH pixels at a time.
 template <class T, int BM, bool PW>
 __global__ void __launch_bounds__(256, BM == 64 ? 2 : 1) gk_conv_tc(const T* __restrict__ x, const T* __restrict__ w,
                                                   const T* __restrict__ bias, const int4* __restrict__ tab,
                                                   T* __restrict__ y, GK_CONV_SCALARS, int vec_ok) {
   using namespace gk_conv;
-  constexpr int BN = 128, BK = 32, ALD = BK + 8, BLD = BN + 8, MI = BM / 32, NI = 4;
-  constexpr int NACH = BM * BK / 8 / 256;  // 8-element A chunks per thread
+  using TC = gk::TensorCore<T>;
+  constexpr int CH = 16 / sizeof(T);  // elements per 16-byte chunk
+  constexpr int BN = 128, BK = 64 / sizeof(T), ALD = BK + CH, BLD = BN + 8, MI = BM / 32, NI = 4;
+  constexpr int KCH = BK / CH, BCH = BN / CH;  // chunks per A row, per B row
+  constexpr int NACH = BM * KCH / 256;        // A chunks per thread
   constexpr int NB = PW ? 1 : BK * BN / 256;  // B elements per thread (gather)
-  constexpr int NBC = BK * BN / 8 / 256;      // B 8-pixel chunks per thread (PW)
+  constexpr int NBC = BK * BCH / 256;         // B chunks per thread (PW)
+  static_assert(NACH >= 1 && NBC >= 1 && BK % TC::KS == 0, "tile shapes of the load mappings");
   __shared__ __align__(16) T As[2][BM][ALD];
   __shared__ __align__(16) T Bs[2][BK][BLD];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
@@ -187,15 +189,15 @@ __global__ void __launch_bounds__(256, BM == 64 ? 2 : 1) gk_conv_tc(const T* __r
   const T* wg = w + (i64)g * Mg * Kg;
   const T zero = gk::from_float<T>(0.0f);
 
-  gk::Vec<T, 8> ra[NACH];
+  gk::Vec<T, CH> ra[NACH];
   T rb[NB];
-  gk::Vec<T, 8> rbv[PW ? NBC : 1];
+  gk::Vec<T, CH> rbv[PW ? NBC : 1];
   i64 xoff[PW ? NBC : 1];  // PW: offset of the chunk's first pixel in X (channel 0 of the group), -1 past the end
   if constexpr (PW) {
     const i64 opix = (i64)Od * Oh * Ow;
 #pragma unroll
     for (int j = 0; j < NBC; ++j) {
-      i64 p = p0 + ((tid + 256 * j) & 15) * 8;
+      i64 p = p0 + ((tid + 256 * j) % BCH) * CH;
       i64 n = p / opix;
       xoff[j] = p < npix ? (n * C + (i64)g * Cg) * opix + (p - n * opix) : -1;
     }
@@ -203,28 +205,28 @@ __global__ void __launch_bounds__(256, BM == 64 ? 2 : 1) gk_conv_tc(const T* __r
   auto load = [&](int k0) {
 #pragma unroll
     for (int j = 0; j < NACH; ++j) {
-      int id = tid + 256 * j, mr = m0 + id / 4, kc = k0 + (id % 4) * 8;
+      int id = tid + 256 * j, mr = m0 + id / KCH, kc = k0 + (id % KCH) * CH;
       if (vec_ok) {
         if (mr < Mg && kc < Kg) {
-          ra[j] = gk::load_vec<T, 8>(wg + (i64)mr * Kg + kc);
+          ra[j] = gk::load_vec<T, CH>(wg + (i64)mr * Kg + kc);
         } else {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) ra[j].v[e] = zero;
+          for (int e = 0; e < CH; ++e) ra[j].v[e] = zero;
         }
       } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) ra[j].v[e] = (mr < Mg && kc + e < Kg) ? wg[(i64)mr * Kg + kc + e] : zero;
+        for (int e = 0; e < CH; ++e) ra[j].v[e] = (mr < Mg && kc + e < Kg) ? wg[(i64)mr * Kg + kc + e] : zero;
       }
     }
     if constexpr (PW) {
 #pragma unroll
       for (int j = 0; j < NBC; ++j) {
-        int kg = k0 + ((tid + 256 * j) >> 4);
+        int kg = k0 + (tid + 256 * j) / BCH;
         if (xoff[j] >= 0 && kg < Kg) {
-          rbv[j] = gk::load_vec<T, 8>(x + xoff[j] + (i64)kg * DHW);
+          rbv[j] = gk::load_vec<T, CH>(x + xoff[j] + (i64)kg * DHW);
         } else {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) rbv[j].v[e] = zero;
+          for (int e = 0; e < CH; ++e) rbv[j].v[e] = zero;
         }
       }
     } else {
@@ -236,13 +238,13 @@ __global__ void __launch_bounds__(256, BM == 64 ? 2 : 1) gk_conv_tc(const T* __r
 #pragma unroll
     for (int j = 0; j < NACH; ++j) {
       int id = tid + 256 * j;
-      gk::store_vec<T, 8>(&As[buf][id / 4][(id % 4) * 8], ra[j]);
+      gk::store_vec<T, CH>(&As[buf][id / KCH][(id % KCH) * CH], ra[j]);
     }
     if constexpr (PW) {
 #pragma unroll
       for (int j = 0; j < NBC; ++j) {
         int id = tid + 256 * j;
-        gk::store_vec<T, 8>(&Bs[buf][id >> 4][(id & 15) * 8], rbv[j]);
+        gk::store_vec<T, CH>(&Bs[buf][id / BCH][(id % BCH) * CH], rbv[j]);
       }
     } else {
 #pragma unroll
@@ -266,24 +268,17 @@ __global__ void __launch_bounds__(256, BM == 64 ? 2 : 1) gk_conv_tc(const T* __r
     const int buf = kt & 1;
     if (kt + 1 < nk) load((kt + 1) * BK);
 #pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) {
+    for (int ks = 0; ks < BK / TC::KS; ++ks) {
       unsigned af[MI][4], bf[NI][2];
 #pragma unroll
-      for (int i = 0; i < MI; ++i)
-        gk::ldmatrix_x4(af[i], &As[buf][wm * (BM / 2) + i * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      for (int i = 0; i < MI; ++i) TC::load_a(af[i], &As[buf][wm * (BM / 2) + i * 16][ks * TC::KS], ALD, lane);
 #pragma unroll
-      for (int j2 = 0; j2 < NI / 2; ++j2) {
-        unsigned q4[4];
-        gk::ldmatrix_x4_trans(q4, &Bs[buf][ks * 16 + (lane & 15)][wn * 32 + j2 * 16 + (lane >> 4) * 8]);
-        bf[2 * j2][0] = q4[0];
-        bf[2 * j2][1] = q4[1];
-        bf[2 * j2 + 1][0] = q4[2];
-        bf[2 * j2 + 1][1] = q4[3];
-      }
+      for (int j2 = 0; j2 < NI / 2; ++j2)
+        TC::load_b_kn(bf[2 * j2], bf[2 * j2 + 1], &Bs[buf][ks * TC::KS][wn * 32 + j2 * 16], BLD, lane);
 #pragma unroll
       for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < NI; ++j) mma_dispatch(acc[i][j], af[i], bf[j], (T*)nullptr);
+        for (int j = 0; j < NI; ++j) TC::mma(acc[i][j], af[i], bf[j]);
     }
     if (kt + 1 < nk) store(buf ^ 1);
     __syncthreads();

@@ -228,6 +228,97 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// ------------------------------------------------------------------ fragment policies
+// TensorCore<T>: one warp's tensor-core product of operands of type T held in shared memory,
+// so that a kernel is written once for every input type:
+//   __half, __nv_bfloat16  m16n8k16 (KS = 16), fragments through ldmatrix;
+//   float                  TF32 m16n8k8 (KS = 8), every element rounded with to_tf32 (to
+//                          nearest, as cuBLAS / cuDNN do), fragments by 32-bit shared loads.
+// A tile is given by its first element p and leading dimension ld (elements); all 32 lanes
+// call together, lane = threadIdx.x & 31.
+//   load_a(a, p, ld, lane)          A (16 x KS), row-major: A[m][k] = p[m * ld + k]
+//   load_b_kn(b0, b1, p, ld, lane)  B of two n8 tiles (KS x 16), B[k][n] = p[k * ld + n];
+//                                   b0: n 0-7, b1: n 8-15
+//   load_b_nk(b0, b1, p, ld, lane)  the same from B[k][n] = p[n * ld + k] (k contiguous), the
+//                                   columns of each n8 tile in the order of acc_col
+//   mma(d, a, b)                    d += A B (float32 accumulators, the C/D layout above)
+//   acc_col(t, e)                   after load_b_nk: the column (within its n8 tile) of
+//                                   accumulator element e (0, 1; rows g and g + 8 alike) of
+//                                   the lanes with t = lane & 3.  f16 / bf16: 2t + e (natural
+//                                   order); float: t + 4e -- load_b_nk permutes the columns
+//                                   so that a lane's accumulators are the A elements it needs
+//                                   in a following m16n8k8 product (a[0] / a[2]: columns t,
+//                                   t + 4): a chained product (attention's P V after S = Q K^T)
+//                                   takes its A operand straight from the accumulators.
+// Bank conflicts: ldmatrix reads 8 rows of 16 bytes per phase, conflict-free when
+// ld * sizeof(T) is an odd multiple of 16 bytes; float load_a / load_b_nk read rows g and
+// columns t (conflict-free when ld = 4 mod 8), float load_b_kn rows t and columns g
+// (conflict-free when ld = 8 mod 16).
+__device__ __forceinline__ void mma_tc(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const __half*) {
+  mma_m16n8k16_f16(d, a, b, d);
+}
+__device__ __forceinline__ void mma_tc(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                                       const __nv_bfloat16*) {
+  mma_m16n8k16_bf16(d, a, b, d);
+}
+
+template <class T>
+struct TensorCore {  // __half, __nv_bfloat16
+  static constexpr int KS = 16;
+  static __device__ __forceinline__ void load_a(unsigned (&a)[4], const T* p, int ld, int lane) {
+    ldmatrix_x4(a, p + (lane & 15) * ld + (lane >> 4) * 8);
+  }
+  static __device__ __forceinline__ void load_b_kn(unsigned (&b0)[2], unsigned (&b1)[2], const T* p, int ld,
+                                                   int lane) {
+    unsigned q[4];
+    ldmatrix_x4_trans(q, p + (lane & 15) * ld + (lane >> 4) * 8);
+    b0[0] = q[0], b0[1] = q[1], b1[0] = q[2], b1[1] = q[3];
+  }
+  static __device__ __forceinline__ void load_b_nk(unsigned (&b0)[2], unsigned (&b1)[2], const T* p, int ld,
+                                                   int lane) {
+    unsigned q[4];
+    ldmatrix_x4(q, p + ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8);
+    b0[0] = q[0], b0[1] = q[1], b1[0] = q[2], b1[1] = q[3];
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    mma_tc(d, a, b, static_cast<const T*>(nullptr));
+  }
+  static __device__ __forceinline__ constexpr int acc_col(int t, int e) { return 2 * t + e; }
+};
+
+template <>
+struct TensorCore<float> {  // TF32
+  static constexpr int KS = 8;
+  static __device__ __forceinline__ void load_a(unsigned (&a)[4], const float* p, int ld, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    a[0] = to_tf32(p[g * ld + t]);
+    a[1] = to_tf32(p[(g + 8) * ld + t]);
+    a[2] = to_tf32(p[g * ld + t + 4]);
+    a[3] = to_tf32(p[(g + 8) * ld + t + 4]);
+  }
+  static __device__ __forceinline__ void load_b_kn(unsigned (&b0)[2], unsigned (&b1)[2], const float* p, int ld,
+                                                   int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    b0[0] = to_tf32(p[t * ld + g]);
+    b0[1] = to_tf32(p[(t + 4) * ld + g]);
+    b1[0] = to_tf32(p[t * ld + 8 + g]);
+    b1[1] = to_tf32(p[(t + 4) * ld + 8 + g]);
+  }
+  // column c of an n8 tile comes from row (c >> 1) + 4 (c & 1): lane g reads row n below
+  static __device__ __forceinline__ void load_b_nk(unsigned (&b0)[2], unsigned (&b1)[2], const float* p, int ld,
+                                                   int lane) {
+    const int g = lane >> 2, t = lane & 3, n = (g >> 1) + 4 * (g & 1);
+    b0[0] = to_tf32(p[n * ld + t]);
+    b0[1] = to_tf32(p[n * ld + t + 4]);
+    b1[0] = to_tf32(p[(n + 8) * ld + t]);
+    b1[1] = to_tf32(p[(n + 8) * ld + t + 4]);
+  }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    mma_m16n8k8_tf32(d, a, b, d);
+  }
+  static __device__ __forceinline__ constexpr int acc_col(int t, int e) { return t + 4 * e; }
+};
+
 }  // namespace gk
 
 #endif  // GK_MMA_CUH

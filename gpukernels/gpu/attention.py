@@ -13,11 +13,15 @@ Covered: Q, K, V (and caches) all float32, float16 or bfloat16, 3-D or 4-D; head
 shorter than the total kv length), causal (offset by the past length or nonpad - q_len),
 the opset-25 window, softcap, grouped/multi-query heads, past_key/past_value (present
 outputs written by a copy kernel), nonpad_kv_seqlen; softmax_precision absent or FLOAT.
-float32 runs exact float32 FMAs (no TF32); float16/bfloat16 run on tensor cores with float32
-accumulation and softmax (for P @ V, bfloat16 rounds the probabilities to bfloat16, as
-flash-attention kernels do; float16 keeps them as a hi + lo pair of float16 values, two MMAs,
-because one float16 rounding of P puts outputs 2 ulps from the official cases' expected
-values, beyond their rtol=1e-3).  When few blocks would run (decoding: one or a few query
+float32 runs exact float32 FMAs by default; with the context option ``allow_tf32``
+(``backend.allow_tf32``) it runs the tensor-core kernel instead, Q K^T and P V as TF32 products
+(inputs and the probabilities rounded to 10 mantissa bits, to nearest; float32 accumulation
+and softmax): about 1e-3 relative error on the scores of long heads instead of float32
+rounding.  float16/bfloat16 run on tensor cores with float32 accumulation and softmax
+(for P @ V, bfloat16 rounds the probabilities to bfloat16, as flash-attention kernels do;
+float16 keeps them as a hi + lo pair of float16 values, two MMAs, because one float16
+rounding of P puts outputs 2 ulps from the official cases' expected values, beyond their
+rtol=1e-3).  When few blocks would run (decoding: one or a few query
 tokens against a long cache) the keys are split among several blocks per row and a combine
 kernel merges the partial softmaxes.
 
@@ -50,7 +54,16 @@ def _simt_bms(dmax: int) -> tuple[int, int]:
 
 
 def _bn(dmax: int) -> int:
+    """Keys per tile of the float32 SIMT kernel."""
     return 32 if dmax == 256 else 64
+
+
+def tc_tile(ct: str, dmax: int) -> tuple[int, int, int]:
+    """(keys per tile, Q/K row stride, V row stride) of gk_attn_tc<ct, dmax, *> (TcTile in
+    attention.cu): float (TF32) takes 4096 / dmax keys so that its tiles fit an sm_80 block."""
+    if ct == "float":
+        return 4096 // dmax, dmax + 4, dmax + 8
+    return (32 if dmax == 256 else 64), dmax + 8, dmax + 8
 
 
 def expressions() -> list[str]:
@@ -58,7 +71,7 @@ def expressions() -> list[str]:
     for dmax in DMAXES:
         for bm in _simt_bms(dmax):
             out.append(f"gk_attn_simt<{dmax}, {bm}>")
-    for ct in ("__half", "__nv_bfloat16"):
+    for ct in ("__half", "__nv_bfloat16", "float"):  # float: TF32 (allow_tf32)
         for dmax in DMAXES:
             for nw in (4, 1):
                 out.append(f"gk_attn_tc<{ct}, {dmax}, {nw}>")
@@ -75,10 +88,10 @@ def simt_shared_bytes(dmax: int, bm: int) -> int:
     return 4 * (dmax * (bm + 4) + dmax * (bn + 4) + bn * (dmax + 4))
 
 
-def tc_shared_bytes(dmax: int, nw: int) -> int:
-    bn = _bn(dmax)
-    ld = dmax + 8
-    return 2 * (16 * nw * ld + 4 * bn * ld)
+def tc_shared_bytes(dmax: int, nw: int, ct: str = "__half") -> int:
+    bn, ldk, ldv = tc_tile(ct, dmax)
+    size = 4 if ct == "float" else 2
+    return size * (16 * nw * ldk + 2 * bn * ldk + 2 * bn * ldv)
 
 
 def _absent(t) -> bool:
@@ -219,8 +232,9 @@ def run(backend, *, Q: Tensor, K: Tensor, V: Tensor, attn_mask=None, past_key=No
         nonpad = backend.device_array(nonpad_kv_seqlen.array)
 
     dmax = next(d for d in DMAXES if d >= max(D, Dv))
-    bn = _bn(dmax)
-    if dt == DataType.FLOAT:
+    ct = CTYPES[dt]
+    if dt == DataType.FLOAT and not backend.allow_tf32:  # exact float32 unless TF32 is allowed
+        bn = _bn(dmax)
         bm_pre, bm_dec = _simt_bms(dmax)
         bm = bm_pre if M > 16 else bm_dec
         expr = f"gk_attn_simt<{dmax}, {bm}>"
@@ -231,11 +245,13 @@ def run(backend, *, Q: Tensor, K: Tensor, V: Tensor, attn_mask=None, past_key=No
     else:
         nw = 4 if M > 16 else 1
         bm = 16 * nw
-        expr = f"gk_attn_tc<{CTYPES[dt]}, {dmax}, {nw}>"
+        bn = tc_tile(ct, dmax)[0]
+        expr = f"gk_attn_tc<{ct}, {dmax}, {nw}>"
         threads = 32 * nw
-        smem = tc_shared_bytes(dmax, nw)
+        smem = tc_shared_bytes(dmax, nw, ct)
         arrays = [q, k, v] + ([pk, pv] if has_past else [])
-        vec_ok = int(D % 8 == 0 and Dv % 8 == 0 and all(backend.pointer(x) % 16 == 0 for x in arrays))
+        chunk = 16 // np.dtype(storage).itemsize  # elements per 16-byte copy
+        vec_ok = int(D % chunk == 0 and Dv % chunk == 0 and all(backend.pointer(x) % 16 == 0 for x in arrays))
     row_blocks = ceil_div(M, bm)
     BH = B * Hkv
     blocks = row_blocks * BH

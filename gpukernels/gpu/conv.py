@@ -7,9 +7,11 @@ begin..end list, auto_pad already applied).
 Covered: X, W (and B) all float32, float16 or bfloat16, 1-D, 2-D and 3-D convolutions with
 any strides, pads, dilations and groups.  Depthwise convolutions (one input channel per
 group) run a direct kernel; everything else an implicit GEMM that gathers the im2col tile
-of each block straight from X (no im2col buffer): exact float32 FMAs for float32 (no TF32),
-tensor cores with float32 accumulation for float16/bfloat16.  Results are rounded once to
-the output type.  Not covered (returns None; the class runs its array code on the GPU):
+of each block straight from X (no im2col buffer): exact float32 FMAs for float32 by default,
+tensor cores with float32 accumulation for float16/bfloat16 -- and for float32 when the
+context option ``allow_tf32`` is set (``backend.allow_tf32``): TF32 products, inputs rounded
+to 10 mantissa bits (to nearest), so about 1e-3 relative error for long reductions.
+Results are rounded once to the output type.  Not covered (returns None; the class runs its array code on the GPU):
 double, more than 3 spatial dims, more than 65535 (group x channel tiles).
 """
 
@@ -32,8 +34,8 @@ BN = 128  # output pixels per block of the GEMM kernels
 
 def expressions() -> list[str]:
     out = [f"gk_conv_simt<{bm}>" for bm in (64, 128)]
-    out += [f"gk_conv_tc<{ct}, {bm}, {pw}>" for ct in ("__half", "__nv_bfloat16") for bm in (64, 128)
-            for pw in ("false", "true")]
+    out += [f"gk_conv_tc<{ct}, {bm}, {pw}>" for ct in ("__half", "__nv_bfloat16", "float")  # float: TF32
+            for bm in (64, 128) for pw in ("false", "true")]
     out += [f"gk_conv_direct<{ct}>" for ct in CTYPES.values()]
     return out
 
@@ -144,13 +146,14 @@ def run(backend, *, X: Tensor, W: Tensor, B=None, strides, pads, dilations, grou
     tab = _device_table(backend, Cg, K, dil)
     scalars = (i32(C), *(i32(s) for s in S), i32(M), i32(Mg), i32(Cg), i32(Kg), *(i32(o) for o in O),
                *(i32(s) for s in st), *(i32(p) for p in pb), i64(npix), i32(mtiles))
-    if dt == DataType.FLOAT:
+    if dt == DataType.FLOAT and not backend.allow_tf32:  # exact float32 unless TF32 is allowed
         fn = backend.function(SOURCE, f"gk_conv_simt<{bm}>")
         args = (x, w, b, tab, y) + scalars
     else:
-        vec_ok = int(Kg % 8 == 0 and backend.pointer(w) % 16 == 0)
+        chunk = 16 // np.dtype(storage).itemsize  # elements per 16-byte load
+        vec_ok = int(Kg % chunk == 0 and backend.pointer(w) % 16 == 0)
         pointwise = K == (1, 1, 1) and st == (1, 1, 1) and pb == (0, 0, 0) and pe == (0, 0, 0) and \
-            opix % 8 == 0 and backend.pointer(x) % 16 == 0
+            opix % chunk == 0 and backend.pointer(x) % 16 == 0
         fn = backend.function(SOURCE, f"gk_conv_tc<{CTYPES[dt]}, {bm}, {'true' if pointwise else 'false'}>")
         args = (x, w, b, tab, y) + scalars + (i32(vec_ok),)
     backend.launch(fn, grid, (256,), args, 0, what=what)

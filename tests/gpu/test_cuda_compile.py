@@ -27,6 +27,20 @@ def test_every_operator_source_is_declared():
         assert exprs and len(exprs) == len(set(exprs)), src.filename
 
 
+def test_tf32_variants_are_declared():
+    """The TF32 tensor-core variants (float32 with allow_tf32) are instantiations of their
+    sources' CudaSource, so test_compiles builds them for sm_80 and sm_90 and holds them to the
+    no-spill rule of the hot kernels."""
+    by_file = {s.filename: s for s in SOURCES}
+    want = {"conv.cu": [f"gk_conv_tc<float, {bm}, {pw}>" for bm in (64, 128) for pw in ("false", "true")],
+            "attention.cu": [f"gk_attn_tc<float, {d}, {nw}>" for d in (64, 128, 256) for nw in (4, 1)]}
+    for filename, exprs in want.items():
+        src = by_file[filename]
+        declared = src.expressions()
+        assert all(e in declared for e in exprs), (filename, [e for e in exprs if e not in declared])
+        assert all(src.is_hot(e) for e in exprs)
+
+
 @pytest.mark.parametrize("arch", compile_check.ARCHS)
 @pytest.mark.parametrize("source", [s.filename for s in SOURCES])
 def test_compiles(source, arch, record_property):

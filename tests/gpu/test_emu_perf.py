@@ -6,6 +6,11 @@ thresholds justified in benchmarks/RESULTS.md ("Emulator performance counters"):
   gk_attn_simt and gk_attn_tc conflict-free (1 way), and so are the transposing stores the
   bank-conflict fixes of issue 16 made so (K^T, P, Q^T of gk_attn_simt; Ks/Gs of the prep);
   no kernel of these above 1.05 wavefronts per ideal wavefront overall;
+* the TF32 variants (allow_tf32, issue 16: gk_attn_tc<float, ...>, gk_conv_tc<float, ...>,
+  run on the report's attn_f32 / conv_f32 cases with a TF32 backend): their fragment loads
+  (32-bit loads, not ldmatrix) conflict-free, the attention kernel within 1.05 wavefronts
+  overall (the conv kernel's 16-byte weight-tile stores are 2-way, as in the half kernel:
+  outside the inner loop);
 * global memory: the main loads (Q/K/V tiles, the linear-attention inputs and workspaces)
   at the ideal number of 32-byte sectors per request (inputs 256-byte aligned, rows a
   multiple of 32 bytes, as in the report's cases).
@@ -131,7 +136,10 @@ def hot(perf_backend):
     rep = _report_module()
     perf_backend.perf.reset()
     rep.collect(["la_chunked", "attn_f32", "attn_f16"], perf_backend)
-    return perf_backend.perf.rows()
+    rows = perf_backend.perf.rows()
+    tf32 = emulator.EmuBackend(perf=True, allow_tf32=True)  # the float32 cases on the TF32 kernels
+    rep.collect(["attn_f32", "conv_f32"], tf32)
+    return rows + tf32.perf.rows()
 
 
 # (kernel, file, code on the line, space, op): must be conflict-free (max 1 way)
@@ -157,10 +165,15 @@ CONFLICT_FREE = [
     ("gk_attn_simt<64, 64>", "*reinterpret_cast<float4*>(Vs + c * VLD + d) = vv;"),
     ("gk_attn_simt<64, 64>", "sts<TN>(Ps + (ty * TM + i) * PLD + tx * TN, s[i]);"),
     ("gk_attn_simt<64, 64>", "Qs[d * QLD + r] = val;"),
-    # gk_attn_tc: ldmatrix of Q, K and (transposed) V
-    ("gk_attn_tc<__half, 64, 4>", "gk::ldmatrix_x4(af, Qs + (warp * 16 + (lane & 15)) * LD"),
-    ("gk_attn_tc<__half, 64, 4>", "gk::ldmatrix_x4(bq, Kb + (n2 * 16"),
-    ("gk_attn_tc<__half, 64, 4>", "gk::ldmatrix_x4_trans(bq, Vb + (kk * 16"),
+    # gk_attn_tc: fragments of Q, K and V (ldmatrix for __half; 32-bit loads for TF32), the
+    # 16-byte tile copies
+    *((kernel, text) for kernel in ("gk_attn_tc<__half, 64, 4>", "gk_attn_tc<float, 64, 4>") for text in (
+        "TC::load_a(af, Qs + warp * 16 * LDK", "TC::load_b_nk(b0, b1, Kb + n2 * 16 * LDK",
+        "TC::load_b_kn(b0, b1, Vb + kk * KS * LDV", "copy_chunk16(dst, src, q, d, a.D, a.vec_ok);",
+        "copy_chunk16(dst, src, k, d, a.D, a.vec_ok);", "copy_chunk16(dst, src, v, d, a.Dv, a.vec_ok);")),
+    # gk_conv_tc (TF32): the fragment loads of the inner loop
+    ("gk_conv_tc<float, 64, false>", "TC::load_a(af[i], &As[buf]"),
+    ("gk_conv_tc<float, 64, false>", "TC::load_b_kn(bf[2 * j2], bf[2 * j2 + 1], &Bs[buf]"),
 ]
 
 # (kernel, code on the line): global loads at the ideal sectors per request
@@ -175,15 +188,20 @@ IDEAL_SECTORS = [
     ("gk_attn_simt<64, 64>", "if (d < a.D) kv = *reinterpret_cast<const float4*>(kv_row(k,"),
     ("gk_attn_simt<64, 64>", "if (d < a.Dv) vv = *reinterpret_cast<const float4*>(kv_row(v,"),
     ("gk_attn_simt<64, 64>", "if (rho < a.M && d < a.D) val = q_row_f(q, a, rho)[d] * a.scale;"),
-    ("gk_attn_tc<__half, 64, 4>", "copy_chunk8(dst, src, k, d, a.D, a.vec_ok);"),
-    ("gk_attn_tc<__half, 64, 4>", "copy_chunk8(dst, src, v, d, a.Dv, a.vec_ok);"),
+    ("gk_attn_tc<__half, 64, 4>", "copy_chunk16(dst, src, k, d, a.D, a.vec_ok);"),
+    ("gk_attn_tc<__half, 64, 4>", "copy_chunk16(dst, src, v, d, a.Dv, a.vec_ok);"),
+    ("gk_attn_tc<float, 64, 4>", "copy_chunk16(dst, src, q, d, a.D, a.vec_ok);"),
+    ("gk_attn_tc<float, 64, 4>", "copy_chunk16(dst, src, k, d, a.D, a.vec_ok);"),
+    ("gk_attn_tc<float, 64, 4>", "copy_chunk16(dst, src, v, d, a.Dv, a.vec_ok);"),
+    ("gk_conv_tc<float, 64, false>", "ra[j] = gk::load_vec<T, CH>(wg + (i64)mr * Kg + kc);"),
 ]
 
 WAVEFRONT_LIMIT = 1.05  # whole kernel, shared memory: wavefronts / ideal wavefronts
 
 
 def _rows_at(rows, kernel, text, space, op=None):
-    source = "linear_attention.cu" if kernel.startswith("gk_la") else "attention.cu"
+    source = "linear_attention.cu" if kernel.startswith("gk_la") else "conv.cu" if kernel.startswith("gk_conv") \
+        else "attention.cu"
     line = perfcount.find_line(source, text)
     hits = [r for r in rows if r.kernel.startswith(kernel) and r.file == source and r.line == line
             and r.space == space and (op is None or r.op == op)]
@@ -206,7 +224,7 @@ def test_hot_main_loads_ideal_sectors(hot, kernel, text):
 
 
 @pytest.mark.parametrize("kernel", ["gk_la_chunk_prep", "gk_la_chunk_state", "gk_attn_simt<64, 64>",
-                                    "gk_attn_tc<__half, 64, 4>"])
+                                    "gk_attn_tc<__half, 64, 4>", "gk_attn_tc<float, 64, 4>"])
 def test_hot_kernel_wavefronts(hot, kernel):
     sh = [r for r in hot if r.kernel.startswith(kernel) and r.space == "shared"]
     assert sh, f"{kernel}: no shared accesses counted"
