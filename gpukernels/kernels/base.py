@@ -285,7 +285,12 @@ class KernelBase:
         values) as ``self(*inputs, **attrs).array`` for any inputs of the same element
         types, shapes and device, provided no floating-point exception occurs: the
         runtime calls f with floating-point errors raising and, on any exception, redoes
-        the call through the kernel (which then warns, ignores or raises as it does)."""
+        the call through the kernel (which then warns, ignores or raises as it does).
+
+        The math is written once: f is (or calls) the function the kernel's own compute
+        step calls after validation (e.g. ``array_op`` in kernels/math/arith.py), bound
+        to the resolved attributes, never a restatement of it.  Every kernel defining
+        one is compared with the kernel, to the bit (tests/kernels/test_array_functions.py)."""
         return None
 
     def run_subgraph(self, graph, inputs: list, input_names=None) -> list:

@@ -7,7 +7,6 @@ float64 and casts back (truncating toward zero) only when they are not 1.
 
 from __future__ import annotations
 
-from ...dtypes import DataType
 from ..base import KernelBase, register
 from .arith import native_compute
 
@@ -32,15 +31,13 @@ class MatMul(KernelBase):
                 if da != db and 1 not in (da, db):
                     raise self.error("batch dimensions do not broadcast", A=a, B=b)
         am, bm = self.to_compute(a), self.to_compute(b)
-        # 2-D operands: ndarray.dot is the same product with less call overhead
-        y = am.dot(bm) if len(sa) == 2 and len(sb) == 2 else self.xp.matmul(am, bm)
-        return self.from_compute(y, a.data_type)
+        return self.from_compute(matmul_op(self.xp, am, bm)(am, bm), a.data_type)
 
     def array_function(self, inputs, attrs):
+        """matmul_op for these shapes (natively computed types)."""
         if not native_compute(inputs):
             return None
-        a, b = inputs[0].array, inputs[1].array
-        return a.__class__.dot if a.ndim == 2 and b.ndim == 2 else self.xp.matmul
+        return matmul_op(self.xp, inputs[0].array, inputs[1].array)
 
 
 @register()
@@ -56,51 +53,50 @@ class Gemm(KernelBase):
         self.check_inputs(a, b, c)
         if a.ndim != 2 or b.ndim != 2:
             raise self.error("A and B must be 2-D", A=a, B=b)
-        xp = self.xp
-        am = self.to_compute(a)
-        bm = self.to_compute(b)
-        if transA:
-            am = am.T
-        if transB:
-            bm = bm.T
-        if am.shape[1] != bm.shape[0]:
-            raise self.error(f"inner dimensions differ ({am.shape[1]} vs {bm.shape[0]}) "
+        m, ka = (a.shape[1], a.shape[0]) if transA else a.shape
+        kb, n = (b.shape[1], b.shape[0]) if transB else b.shape
+        if ka != kb:
+            raise self.error(f"inner dimensions differ ({ka} vs {kb}) "
                              f"with transA={transA}, transB={transB}", A=a, B=b)
-        m, n = am.shape[0], bm.shape[1]
-        integer = am.dtype.kind in "iu"
-        y = xp.matmul(am, bm)
-        if alpha != 1.0:
-            y = (y * alpha).astype(y.dtype) if not integer else _scale_int(xp, y, alpha)
-        if not c.is_absent:
-            cm = self.to_compute(c)
-            try:
-                xp.broadcast_shapes(cm.shape, (m, n)) if hasattr(xp, "broadcast_shapes") else None
-                if len(cm.shape) > 2 or any(d not in (1, t) for d, t in zip(reversed(cm.shape), (n, m))):
-                    raise ValueError
-            except ValueError:
-                raise self.error(f"C does not broadcast to ({m}, {n})", A=a, B=b, C=c) from None
-            if beta != 1.0:
-                cm = (cm * beta).astype(cm.dtype) if not integer else _scale_int(xp, cm, beta)
-            y = y + cm
+        if not c.is_absent and (c.ndim > 2 or any(d not in (1, t) for d, t in zip(reversed(c.shape), (n, m)))):
+            raise self.error(f"C does not broadcast to ({m}, {n})", A=a, B=b, C=c)
+        y = gemm(self.xp, self.to_compute(a), self.to_compute(b),
+                 None if c.is_absent else self.to_compute(c), alpha, beta, transA, transB)
         return self.from_compute(y, a.data_type)
 
     def array_function(self, inputs, attrs):
-        """Float types computed natively, with C given: the same steps on arrays."""
-        if len(inputs) != 3 or not native_compute(inputs) or inputs[0].array.dtype.kind != "f":
+        """Float types computed natively, C given or not: gemm with the node's attributes."""
+        if len(inputs) not in (2, 3) or not native_compute(inputs) or inputs[0].array.dtype.kind != "f":
             return None
         xp = self.xp
         alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
         trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
 
-        def gemm(a, b, c):
-            y = xp.matmul(a.T if trans_a else a, b.T if trans_b else b)
-            if alpha != 1.0:
-                y = (y * alpha).astype(y.dtype)
-            if beta != 1.0:
-                c = (c * beta).astype(c.dtype)
-            return y + c
+        def gemm_arrays(a, b, c=None):
+            return gemm(xp, a, b, c, alpha, beta, trans_a, trans_b)
 
-        return gemm
+        return gemm_arrays
+
+
+def matmul_op(xp, a, b):
+    """The product for operands shaped as a and b: ndarray.dot for two 2-D operands (the
+    same product as matmul with less call overhead), else xp.matmul."""
+    return a.__class__.dot if a.ndim == 2 and b.ndim == 2 else xp.matmul
+
+
+def gemm(xp, a, b, c, alpha, beta, trans_a, trans_b):
+    """alpha * a' @ b' + beta * c on compute arrays whose shapes were checked (c None:
+    no C).  Floats are scaled in their own type; integers in float64, then converted back
+    toward zero, and only when the factor is not 1."""
+    y = xp.matmul(a.T if trans_a else a, b.T if trans_b else b)
+    integer = y.dtype.kind in "iu"
+    if alpha != 1.0:
+        y = _scale_int(xp, y, alpha) if integer else (y * alpha).astype(y.dtype)
+    if c is None:
+        return y
+    if beta != 1.0:
+        c = _scale_int(xp, c, beta) if integer else (c * beta).astype(c.dtype)
+    return y + c
 
 
 def _scale_int(xp, y, factor):

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from ..base import register
 from ._mathcommon import InputUnary
-from .arith import native_compute
+from .arith import array_op_function, compute_by_array_op
 
 
 class _Trig(InputUnary):
-    """compute = the xp function named by ``ufunc``; it is also the array function."""
+    """The xp function named by ``ufunc``: the kernel's math and its array function
+    (see arith.py)."""
 
     ufunc = ""
+    compute = compute_by_array_op
+    array_function = array_op_function
 
-    def compute(self, xp, x):
-        return getattr(xp, self.ufunc)(x)
-
-    def array_function(self, inputs, attrs):
-        return getattr(self.xp, self.ufunc) if native_compute(inputs) else None
+    def array_op(self, xp, dtype):
+        return getattr(xp, self.ufunc)
 
 
 @register()

@@ -1,60 +1,44 @@
 """Sqrt, Exp, Log, Relu.  NaN propagates; Sqrt and Log of negatives give NaN and Log(0)
-gives -inf, as IEEE arithmetic does (no warnings are raised)."""
+gives -inf, as IEEE arithmetic does (no warnings are raised).
+
+The math of each is its ``array_op``, which both the kernel and its array function call
+(see arith.py)."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..base import register
-from ._elementwise import UnaryKernel
-from .arith import native_compute
+from ._mathcommon import XUnary
+from .arith import ArrayOpUnary, array_op_function, compute_by_array_op
 
 
-class _QuietUnary(UnaryKernel):
-    ufunc = ""  # the xp function computing it
+class _QuietUnary(XUnary):
+    """The xp function named by ``ufunc``, IEEE warnings silenced (MathUnary)."""
 
-    def compute(self, xp, x):
-        with np.errstate(all="ignore"):
-            return self.function(xp, x)
+    ufunc = ""
+    compute = compute_by_array_op
+    array_function = array_op_function
 
-    def array_function(self, inputs, attrs):
-        return getattr(self.xp, self.ufunc) if native_compute(inputs) else None
+    def array_op(self, xp, dtype):
+        return getattr(xp, self.ufunc)
 
 
 @register()
 class Sqrt(_QuietUnary):
     ufunc = "sqrt"
 
-    @staticmethod
-    def function(xp, x):
-        return xp.sqrt(x)
-
 
 @register()
 class Exp(_QuietUnary):
     ufunc = "exp"
-
-    @staticmethod
-    def function(xp, x):
-        return xp.exp(x)
 
 
 @register()
 class Log(_QuietUnary):
     ufunc = "log"
 
-    @staticmethod
-    def function(xp, x):
-        return xp.log(x)
-
 
 @register()
-class Relu(UnaryKernel):
-    def compute(self, xp, x):
-        return xp.maximum(x, x.dtype.type(0))
-
-    def array_function(self, inputs, attrs):
-        if not native_compute(inputs):
-            return None
-        xp, zero = self.xp, inputs[0].array.dtype.type(0)
+class Relu(ArrayOpUnary):
+    def array_op(self, xp, dtype):
+        zero = dtype.type(0)
         return lambda x: xp.maximum(x, zero)
