@@ -3,6 +3,7 @@
     pip install -e '.[bench,test]'      # torch, transformers, onnxscript, scikit-learn, skl2onnx
     python benchmarks/bench_real_models.py [--filter TEXT] [--list] [--no-time] [--repeat N]
                                            [--cache DIR] [--reexport] [--strict] [--json FILE]
+    python benchmarks/bench_real_models.py --parity [--no-quantized] [--filter TEXT] [--cache DIR] ...
     python benchmarks/bench_real_models.py --write-test-exports tests/data/real_exports
 
 Every model is built here from a configuration (torch.nn code written in this file, or
@@ -35,6 +36,20 @@ times.  An export that fails is listed with its error, as is a model gpukernels 
 run (an export neither runtime runs is listed as "both fail": an invalid export).  With
 --strict the exit status is 1 when gpukernels fails an export onnxruntime runs, or a
 check fails; otherwise 0.
+
+--parity (implies --no-time) compares gpukernels on "cpu" with gpukernels on "cuda"
+instead of onnxruntime, through gpukernels.parity.  Device "cuda" is the CPU simulation
+of CuPy (tests/cupy_sim), activated at startup in this mode only: its folder goes first on
+sys.path before gpukernels is imported, as tests/conftest.py does under
+GPUKERNELS_SIMULATE_CUDA=1 (no GPU and no real CuPy are involved; the simulation runs
+NumPy underneath, so this mode is slow).  Besides every export it runs quantized variants
+made from the float exports with onnxruntime.quantization (QUANTIZE: static QDQ with
+per-channel int8 weights and uint8 activations, calibrated on CALIBRATION_FEEDS draws of
+make_feeds; static QOperator for Conv/MatMul; quantize_dynamic), cached next to the
+exports as <exporter>-<axes>.<kind>.onnx.  Pass: see PARITY_RTOL; integer values equal;
+for a quantized variant every node's values are compared too, and the integer outputs
+of the quantization operators (QUANT_OPS) must be bit-identical.  A disagreement is
+reported with the first diverging node (parity's all_nodes).
 """
 
 from __future__ import annotations
@@ -798,8 +813,8 @@ def export_torch(spec: Spec, module, args, variant: tuple, path: pathlib.Path, c
 
 def export_sklearn(spec: Spec, estimator, variant: tuple, path: pathlib.Path):
     """skl2onnx at opset 17.  skl2onnx 1.20 lists the default domain twice in opset_import
-    (same version; onnx.checker and onnxruntime accept it, gpukernels refuses it): "skl17" is
-    its output as is, "skl17u" the same model with the duplicate entry removed."""
+    (same version; onnx.checker, onnxruntime and gpukernels accept it): "skl17" is its
+    output as is, "skl17u" the same model with the duplicate entry removed."""
     from skl2onnx import to_onnx
     from skl2onnx.common.data_types import FloatTensorType
 
@@ -907,9 +922,10 @@ def declared_dims(model: onnx.ModelProto) -> dict:
     return out
 
 
-def make_feeds(spec: Spec, model: onnx.ModelProto, dynamic: bool) -> dict:
+def make_feeds(spec: Spec, model: onnx.ModelProto, dynamic: bool, seed: int | None = None) -> dict:
+    """The inputs fed to an export (seed: another draw, e.g. for calibration)."""
     dims = declared_dims(model)
-    rng = np.random.default_rng(_seed(spec.name) + (1 if dynamic else 0))
+    rng = np.random.default_rng(_seed(spec.name) + (1 if dynamic else 0) if seed is None else seed)
     feeds = {}
     for i in spec.inputs:
         if i.name in dims:
@@ -1020,6 +1036,266 @@ def run_export(spec: Spec, variant, path, args, progress) -> dict:
             rep = profile(str(path), device="cpu", repeat=args.profile_repeat, inputs=feeds)
             row["profile_ms"] = {op: t / rep.repeat * 1e3 for op, t in rep.operators.items()}
     return row
+
+
+# --------------------------------------------------------------------------- parity: cpu vs cuda
+
+# cpu vs cuda: an element passes when |cuda - cpu| <= PARITY_RTOL * |cpu| + PARITY_ATOL * max |cpu|
+# over that value; integer values equal.  Both devices run the same algorithms in float32, but
+# not always in the same order (a host specialisation such as the Conv host path against the
+# shared im2col reference, other summation orders): the same freedom as between gpukernels and
+# onnxruntime, so the same tolerance.  A real divergence (one quantization step, 1/255 of the
+# range, or a wrong element) is at least 40 times larger.
+PARITY_RTOL, PARITY_ATOL = RTOL, ATOL
+# operators whose integer outputs must agree bit for bit
+QUANT_OPS = {"QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearConv",
+             "QLinearMatMul"}
+QUANT_KINDS = {
+    "qdq": "onnxruntime quantize_static, QDQ: per-channel int8 weights, uint8 activations (MinMax calibration)",
+    "qop": "onnxruntime quantize_static, QOperator, Conv and MatMul only (QLinearConv, QLinearMatMul)",
+    "qdyn": "onnxruntime quantize_dynamic: int8 weights, DynamicQuantizeLinear + MatMulInteger/ConvInteger",
+}
+_TS = ("ts17", "static")
+QUANTIZE = ([(m, _TS, "qdq") for m in ("resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3", "efficientnet_b0",
+                                      "convnext", "tiny_yolo", "deeplab_aspp", "unet", "vit_patch", "vit", "bert")]
+            + [(m, _TS, "qop") for m in ("resnet18", "mobilenet_v2", "vit_patch")]
+            + [(m, _TS, "qdyn") for m in ("bert", "gpt2", "gpt2_kv", "vit", "deit", "clip_vision", "whisper_encoder",
+                                          "t5_encoder", "llama", "wav2vec2", "mobilenet_v2")]
+            + [("resnet18", ("dy20", "static"), "qdq"), ("bert", ("dy20", "static"), "qdyn"),
+               ("bert", ("ts17", "dynamic"), "qdyn")])
+CALIBRATION_FEEDS = 4
+
+
+def activate_cupy_simulation() -> None:
+    """Device 'cuda' becomes the CPU simulation of CuPy (tests/cupy_sim): its folder goes first
+    on sys.path before gpukernels is imported (and probes CUDA), as tests/conftest.py does."""
+    if "gpukernels" in sys.modules or "cupy" in sys.modules:
+        raise RuntimeError("the CuPy simulation must be activated before gpukernels or cupy is imported")
+    sys.path.insert(0, str(HERE.parent / "tests" / "cupy_sim"))
+    import cupy
+
+    from gpukernels.xp import cuda_status
+
+    if not getattr(cupy, "__gpukernels_simulated__", False) or not cuda_status().available:
+        raise RuntimeError(f"the CuPy simulation did not load: {cuda_status().reason}")
+
+
+def quantize_export(spec: Spec, src: pathlib.Path, axes: str, kind: str, dst: pathlib.Path) -> None:
+    """Quantize the float export src into dst with onnxruntime's tools (QUANT_KINDS)."""
+    from onnxruntime import quantization as oq
+
+    if kind == "qdyn":
+        oq.quantize_dynamic(str(src), str(dst), weight_type=oq.QuantType.QInt8)
+        return
+    model = onnx.load(str(src), load_external_data=False)
+    calib = [make_feeds(spec, model, axes == "dynamic", seed=_seed(spec.name) + 1000 + k)
+             for k in range(CALIBRATION_FEEDS)]
+
+    class Reader(oq.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calib)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    fmt = oq.QuantFormat.QDQ if kind == "qdq" else oq.QuantFormat.QOperator
+    ops = ["Conv", "MatMul"] if kind == "qop" else None
+    oq.quantize_static(str(src), str(dst), Reader(), quant_format=fmt, per_channel=True,
+                       activation_type=oq.QuantType.QUInt8, weight_type=oq.QuantType.QInt8,
+                       calibrate_method=oq.CalibrationMethod.MinMax, op_types_to_quantize=ops)
+
+
+def ensure_quantized(spec: Spec, exports: dict, reexport: bool, progress) -> dict:
+    """{(label, axes): (path or None, error or None)} for spec's entries in QUANTIZE, made
+    from the cached float exports and cached next to them (<exporter>-<axes>.<kind>.onnx)."""
+    result = {}
+    for name, src_variant, kind in QUANTIZE:
+        if name != spec.name:
+            continue
+        label = (f"{src_variant[0]}+{kind}", src_variant[1])
+        src = exports.get(src_variant, (None, "not exported"))[0]
+        if src is None:
+            result[label] = (None, f"no float export {src_variant[0]} {src_variant[1]} to quantize")
+            continue
+        dst = src.with_name(f"{src.stem}.{kind}.onnx")
+        err = dst.with_name(f"{src.stem}.{kind}.error.txt")
+        if reexport:
+            dst.unlink(missing_ok=True)
+            err.unlink(missing_ok=True)
+        if dst.exists():
+            result[label] = (dst, None)
+        elif err.exists():
+            result[label] = (None, err.read_text().splitlines()[0])
+        else:
+            progress(f"quantizing {spec.name} {label[0]} {label[1]}")
+            log = io.StringIO()
+            try:
+                with _quiet(log):
+                    quantize_export(spec, src, src_variant[1], kind, dst)
+                onnx.load(str(dst))
+                result[label] = (dst, None)
+            except Exception as exc:
+                dst.unlink(missing_ok=True)
+                msg = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                err.write_text(msg + "\n\n" + traceback.format_exc() + "\n--- output ---\n" + log.getvalue())
+                result[label] = (None, msg)
+    return result
+
+
+def _is_integer(v) -> bool:
+    try:
+        return np.dtype(v.dtype).kind in "iub"
+    except TypeError:  # 'sequence'
+        return False
+
+
+def _error_text(exc) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+def _quant_values(model: onnx.ModelProto, side) -> tuple:
+    """(integer outputs of QUANT_OPS nodes, those that differ while the node's inputs are
+    bit-identical on both devices: a kernel disagreement, those that differ because an input
+    already did: a float difference upstream, rounded to another integer)."""
+    diffs = {v.name: v for v in side.values}
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    values = [v for v in side.values if v.op_type in QUANT_OPS and _is_integer(v)]
+    own, inherited = [], []
+    for v in values:
+        if v.max_abs == 0:
+            continue
+        same_inputs = all(diffs[i].max_abs == 0 for i in producer[v.name].input if i in diffs)
+        (own if same_inputs else inherited).append(
+            f"{v.name} ({v.op_type}): max diff {v.max_abs:g}, {v.outside:.2%} of elements")
+    return values, own, inherited
+
+
+def parity_export(spec: Spec, label: tuple, path: pathlib.Path, progress) -> dict:
+    """Run one export on cpu and on cuda (the CuPy simulation) with gpukernels.parity and
+    compare the outputs.  When they disagree, compare every node's values (all_nodes: no
+    graph optimisation, no constant folding) and name the first diverging node.
+
+    A quantized export is also compared node by node, twice.  With the default paths its
+    QUANT_OPS outputs must be bit-identical wherever the node's inputs are: a float input
+    that differs in the last place (a host specialisation summing in another order, within
+    its stated agreement) may round to the neighbouring integer, and that step then flows
+    on; such values are counted apart, and the outputs are held to the float tolerance only
+    as information.  With paths='reference' on both devices (one algorithm, the same
+    operation order) every quantization output must be bit-identical, and the float
+    outputs within the tolerance."""
+    from gpukernels.parity import compare
+    from gpukernels.runtime import Session
+
+    exporter, axes = label
+    quant = exporter.split("+")[1] if "+" in exporter else ""
+    row = {"model": spec.name, "family": spec.family, "exporter": exporter, "axes": axes, "quant": quant}
+    model = onnx.load(str(path), load_external_data=False)
+    row["nodes"] = len(model.graph.node)
+    feeds = make_feeds(spec, model, axes == "dynamic")
+    kw = dict(devices=("cpu", "cuda"), inputs=feeds, rtol=PARITY_RTOL, atol=PARITY_ATOL, atol_relative=True,
+              exact_integers=True)
+    progress(f"parity {spec.name} {exporter} {axes}")
+    try:
+        report = compare(str(path), **kw)
+    except Exception as exc:
+        row["error"] = _error_text(exc)
+        try:
+            Session(str(path), device="cpu").run(None, feeds)
+        except Exception:
+            row["cpu_fails"] = True  # not a disagreement: the export does not run (see the ort comparison)
+        return row
+    values = report.sides[0].values
+    floats = [v for v in values if not _is_integer(v)]
+    row["max_abs_diff"] = max((v.max_abs for v in floats), default=0.0)
+    row["max_rel_diff"] = max((v.max_rel for v in floats), default=0.0)
+    row["outputs_ok"] = row["ok"] = report.passed
+    if not quant and report.passed:
+        return row
+    progress(f"parity {spec.name} {exporter} {axes}: all nodes")
+    nodes = compare(str(path), all_nodes=True, **kw)
+    side = nodes.sides[0]
+    row["values"] = len(side.values)
+    row["values_failed"] = sum(not v.passed for v in side.values)
+    if side.first_divergence is not None:
+        row["first_divergence"] = f"{side.first_divergence.node} ({side.first_divergence.op_type})"
+    if not quant:
+        return row
+    qv, row["quant_mismatch"], row["quant_inherited"] = _quant_values(model, side)
+    row["quant_values"] = len(qv)
+    row["quant_ops"] = sorted({v.op_type for v in qv})
+    progress(f"parity {spec.name} {exporter} {axes}: all nodes, reference paths")
+    ref = compare(str(path), all_nodes=True, paths=("reference",), **kw)
+    rside = ref.sides[0]
+    rq, own, inherited = _quant_values(model, rside)
+    row["ref_quant_mismatch"] = own + inherited
+    row["ref_bitwise"] = f"{sum(v.max_abs == 0 for v in rside.values)}/{len(rside.values)}"
+    row["ref_max_abs_diff"] = max((v.max_abs for v in rside.values if not _is_integer(v)), default=0.0)
+    row["ok"] = not row["quant_mismatch"] and not row["ref_quant_mismatch"] and ref.passed
+    return row
+
+
+def parity_label(r: dict) -> str:
+    """ok / FAIL / ERROR (cuda fails, cpu runs) / both fail (an export cpu does not run either)."""
+    if "error" in r:
+        return "both fail" if r.get("cpu_fails") else "ERROR"
+    return "ok" if r.get("ok") else "FAIL"
+
+
+def _quant_cell(r: dict) -> str:
+    """Quantization outputs: bit-identical / all, and how many differ after an input did."""
+    if "quant_values" not in r:
+        return ""
+    n, own, inh = r["quant_values"], len(r["quant_mismatch"]), len(r["quant_inherited"])
+    return f"{n - own - inh}/{n} ({', '.join(r['quant_ops'])}); {inh} after an input differed; {own} on equal inputs"
+
+
+def print_parity_report(rows: list, errors: list, out=sys.stdout) -> None:
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p(f"\nTolerance: |cuda - cpu| <= {PARITY_RTOL:g} * |cpu| + {PARITY_ATOL:g} * max|cpu| per element of each value; "
+      "integer values equal.  Quantized variants: every node compared; with the default paths the integer outputs "
+      f"of {', '.join(sorted(QUANT_OPS))} must be bit-identical wherever the node's inputs are; with "
+      "paths=reference on both devices they must all be bit-identical (see parity_export).\n")
+    p("| model | exporter | axes | nodes | max abs diff | max rel diff | outputs within tolerance | "
+      "quantization outputs bit-identical (default paths) | reference paths: bit-identical values | check | "
+      "first diverging node |")
+    p("|---|---|---|---:|---:|---:|---|---|---|---|---|")
+    for r in rows:
+        rel = f"{r['max_rel_diff']:.1e}" if "max_rel_diff" in r else ""
+        within = "" if "outputs_ok" not in r else ("yes" if r["outputs_ok"] else "no")
+        p(f"| {r['model']} | {r['exporter']} | {r['axes']} | {r.get('nodes', '')} | {_fmt_diff(r)} | {rel} | "
+          f"{within} | {_quant_cell(r)} | {r.get('ref_bitwise', '')} | {parity_label(r)} | "
+          f"{r.get('first_divergence', '')} |")
+    for (model, exporter, axes), err in errors:
+        p(f"| {model} | {exporter} | {axes} | | | | | | | not made | |")
+    labels = [parity_label(r) for r in rows]
+    for what, rs in (("float exports", [r for r in rows if not r["quant"]]),
+                     ("quantized variants", [r for r in rows if r["quant"]])):
+        lab = [parity_label(r) for r in rs]
+        p(f"\n{what}: {len(rs)} run; agree: {lab.count('ok')}; outputs within tolerance (default paths): "
+          f"{sum(1 for r in rs if r.get('outputs_ok'))}; FAIL: {lab.count('FAIL')}; ERROR (cuda only): "
+          f"{lab.count('ERROR')}; invalid exports (cpu fails too): {lab.count('both fail')}")
+    families = {}
+    for r in rows:
+        if "max_abs_diff" in r:
+            key = (r["family"], bool(r["quant"]))
+            families[key] = max(families.get(key, (0.0, 0.0, "")), (r["max_abs_diff"], r["max_rel_diff"],
+                                                                       f"{r['model']} {r['exporter']} {r['axes']}"))
+    p("\nlargest cpu/cuda differences of the outputs per family (max abs, max rel over the family; where):")
+    for (fam, q), (a, rel, where) in sorted(families.items()):
+        p(f"- {fam}{' (quantized)' if q else ''}: {a:.1e}, {rel:.1e} ({where})")
+    bad = [r for r, lab in zip(rows, labels) if lab != "ok" or not r.get("outputs_ok", True)]
+    if bad:
+        p("\nproblems and notes:")
+        for r in bad:
+            parts = ([r["error"]] if "error" in r else
+                     [f"outputs max abs diff {_fmt_diff(r)}", f"first diverging node {r.get('first_divergence')}"]
+                     + [f"differs on equal inputs: {m}" for m in r.get("quant_mismatch", [])[:3]]
+                     + [f"reference paths: {m}" for m in r.get("ref_quant_mismatch", [])[:3]])
+            p(f"- {r['model']} {r['exporter']} {r['axes']} [{parity_label(r)}]: " + "; ".join(parts))
+    if errors:
+        p("\nnot made:")
+        for (model, exporter, axes), err in errors:
+            p(f"- {model} {exporter} {axes}: {err}")
 
 
 # --------------------------------------------------------------------------- report
@@ -1190,6 +1466,49 @@ def write_test_exports(folder: pathlib.Path) -> None:
 
 # --------------------------------------------------------------------------- main
 
+def parity_main(args, specs: list, root: pathlib.Path, progress) -> int:
+    """--parity: every selected export and quantized variant on cpu and cuda (simulated)."""
+    import onnxruntime
+
+    print(f"# real-model parity, cpu vs cuda (CuPy simulated on the CPU, tests/cupy_sim): {platform.node()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M %Z')}; onnxruntime {onnxruntime.__version__} (quantization tools); "
+          f"exports in {root}")
+    rows, errors = [], []
+    start = time.perf_counter()
+    for spec in specs:
+        float_wanted = [v for v in variants_for(spec) if args.filter in f"{spec.name} {v[0]} {v[1]}"]
+        quant_wanted = [] if args.no_quantized else [
+            (f"{src[0]}+{kind}", src[1]) for name, src, kind in QUANTIZE
+            if name == spec.name and args.filter in f"{spec.name} {src[0]}+{kind} {src[1]}"]
+        if not float_wanted and not quant_wanted:
+            continue
+        exports = ensure_exports(spec, root, args.reexport, progress)
+        made = {v: exports[v][:2] for v in float_wanted}
+        if quant_wanted:
+            made.update({k: v for k, v in ensure_quantized(spec, exports, args.reexport, progress).items()
+                         if k in quant_wanted})
+        for label, (path, err) in made.items():
+            if path is None:
+                errors.append(((spec.name, *label), err))
+                continue
+            try:
+                row = parity_export(spec, label, path, progress)
+            except Exception as exc:  # a failure of the benchmark itself on one export
+                row = {"model": spec.name, "family": spec.family, "exporter": label[0], "axes": label[1],
+                       "quant": "", "error": f"benchmark: {type(exc).__name__}: {exc}"}
+            rows.append(row)
+            status = parity_label(row) + (f" ({row['error']})" if "error" in row else "")
+            progress(f"{spec.name} {label[0]} {label[1]}: {status[:160]} diff={_fmt_diff(row)}"
+                     + (f" first divergence {row['first_divergence']}" if "first_divergence" in row else ""))
+    print_parity_report(rows, errors)
+    print(f"\ntotal time: {time.perf_counter() - start:.0f} s")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"rows": rows, "not_made": [
+            {"model": m, "exporter": e, "axes": a, "error": err} for (m, e, a), err in errors]}, indent=1))
+    failed = any(parity_label(r) in ("FAIL", "ERROR") for r in rows)
+    return 1 if args.strict and failed else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1205,7 +1524,12 @@ def main(argv=None) -> int:
                    help="exit 1 if gpukernels fails an export that onnxruntime runs, or a check fails")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--write-test-exports", metavar="DIR", help="write the tiny CI exports to DIR and exit")
+    p.add_argument("--parity", action="store_true",
+                   help="compare cpu with cuda (the CuPy simulation) instead of onnxruntime; implies --no-time")
+    p.add_argument("--no-quantized", action="store_true", help="with --parity: skip the quantized variants")
     args = p.parse_args(argv)
+    if args.parity:
+        activate_cupy_simulation()  # before anything imports gpukernels
 
     if args.write_test_exports:
         write_test_exports(pathlib.Path(args.write_test_exports))
@@ -1231,6 +1555,8 @@ def main(argv=None) -> int:
 
     import gpukernels
 
+    if args.parity:
+        return parity_main(args, specs, root, progress)
     print(f"# real-model benchmark: {platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}; "
           f"gpukernels from {pathlib.Path(gpukernels.__file__).parent}, onnxruntime {onnxruntime.__version__}; "
           f"exports in {root}")

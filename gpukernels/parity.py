@@ -6,7 +6,11 @@ and with ``all_nodes=True`` every intermediate value in topological order -- aga
 the first side, and names the first node whose outputs diverge while its inputs agree.
 
 Tolerance rule: an element passes when |a - b| <= atol + rtol * |b| (b from the first
-side), NaN matching NaN and equal infinities matching.
+side), NaN matching NaN and equal infinities matching.  With ``atol_relative=True`` atol
+is a fraction of each value's largest finite |b| (so one tolerance fits values of any
+scale: logits of 0.01 and boxes of 400); a value whose baseline is all zero keeps atol.
+With ``exact_integers=True`` integer and boolean values pass only when equal (a tolerance
+would let an index or a quantized value be off by one).
 """
 
 from __future__ import annotations
@@ -225,15 +229,17 @@ def load_values(directory, model: onnx.ModelProto) -> tuple[str, dict, dict]:
 # ------------------------------------------------------------------- comparing
 
 
-def diff_values(name: str, a, b, rtol: float, atol: float) -> dict:
-    """Statistics of b against baseline a."""
+def diff_values(name: str, a, b, rtol: float, atol: float, atol_relative: bool = False,
+                exact_integers: bool = False) -> dict:
+    """Statistics of b against baseline a (atol_relative, exact_integers: see the module
+    docstring)."""
     if isinstance(a, list) or isinstance(b, list):
         a, b = list(a or []), list(b or [])
         if len(a) != len(b):
             return dict(max_abs=float("inf"), max_rel=float("inf"), outside=1.0, nan=(0, 0), inf=(0, 0),
                         min_atol=float("inf"), min_rtol=float("inf"), passed=False,
                         note=f"sequence lengths differ ({len(a)} vs {len(b)})", shape=[len(a)], dtype="sequence")
-        parts = [diff_values(name, x, y, rtol, atol) for x, y in zip(a, b)]
+        parts = [diff_values(name, x, y, rtol, atol, atol_relative, exact_integers) for x, y in zip(a, b)]
         worst = max(parts, key=lambda p: p["max_abs"], default=None)
         out = dict(worst) if worst else dict(max_abs=0.0, max_rel=0.0, outside=0.0, nan=(0, 0), inf=(0, 0),
                                               min_atol=0.0, min_rtol=0.0, passed=True, note="")
@@ -263,6 +269,12 @@ def diff_values(name: str, a, b, rtol: float, atol: float) -> dict:
         mag = np.abs(bf)
         rel = np.where(err == 0, 0.0, err / np.where(mag == 0, np.inf, mag))
         rel = np.where((err > 0) & (mag == 0), np.inf, rel)
+        if atol_relative:
+            finite = np.abs(af[np.isfinite(af)])
+            scale = float(finite.max()) if finite.size else 0.0
+            atol = atol * scale if scale > 0 else atol
+        if exact_integers and a.dtype.kind in "iub" and b.dtype.kind in "iub":
+            atol, rtol = 0.0, 0.0
         bad = err > atol + rtol * mag
     max_abs = float(err.max()) if err.size else 0.0
     max_rel = float(rel.max()) if rel.size else 0.0
@@ -313,7 +325,7 @@ def default_devices() -> tuple[list, str]:
 def compare(model, sides: list | None = None, devices=("cpu",), against=None, inputs: dict | None = None,
             seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5, all_nodes: bool = False,
             save: str | None = None, load: str | None = None, dims: dict | None = None,
-            paths=None) -> ParityReport:
+            paths=None, atol_relative: bool = False, exact_integers: bool = False) -> ParityReport:
     """Run model on each side and compare every side with the first.
 
     devices: gpukernels devices to run on ('cpu', 'cuda'); paths: None, or the values of
@@ -321,7 +333,9 @@ def compare(model, sides: list | None = None, devices=("cpu",), against=None, in
     registered specialisations with the reference implementations on one device; sides
     are labelled 'cpu[reference]'...); against: 'onnxruntime' or 'reference' adds that
     runtime; load: a directory written by an earlier save, used as the baseline side (its
-    inputs are reused); save: write the first live side's values (and inputs) there.
+    inputs are reused); save: write the first live side's values (and inputs) there;
+    atol_relative: atol is a fraction of each value's largest finite baseline magnitude;
+    exact_integers: integer and boolean values must be equal.
     """
     from .runtime import Session, load_model
     from .xp import Device, cuda_status
@@ -366,7 +380,7 @@ def compare(model, sides: list | None = None, devices=("cpu",), against=None, in
         for name in order:
             if name not in baseline or name not in values:
                 continue
-            d = diff_values(name, baseline[name], values[name], rtol, atol)
+            d = diff_values(name, baseline[name], values[name], rtol, atol, atol_relative, exact_integers)
             node = producers.get(name)
             diffs[name] = ValueDiff(name, (node.name or node.op_type) if node else "", node.op_type if node else "",
                                     **d)

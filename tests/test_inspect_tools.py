@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gpukernels.cli import main as cli_main
 from gpukernels.kernels import kernel_class
-from gpukernels.parity import Side, compare
+from gpukernels.parity import Side, compare, diff_values
 
 
 def _mlp(path=None):
@@ -47,6 +47,30 @@ def test_parity_finds_exactly_the_faulty_node():
     by_name = {v.name: v for v in side.values}
     assert by_name["h"].passed and by_name["hb"].passed and not by_name["a"].passed
     assert by_name["a"].min_atol > 0 and 0 < by_name["a"].outside <= 1
+
+
+def test_parity_atol_relative_follows_each_values_scale():
+    """atol_relative: atol is a fraction of the value's largest finite |baseline| (boxes of 400
+    and logits of 0.01 under one rule); an all-zero baseline keeps atol as given."""
+    boxes, moved = np.array([0.0, 400.0, np.inf], np.float32), np.array([0.01, 400.0, np.inf], np.float32)
+    assert not diff_values("b", boxes, moved, rtol=0.0, atol=1e-4)["passed"]
+    assert diff_values("b", boxes, moved, rtol=0.0, atol=1e-4, atol_relative=True)["passed"]  # 0.01 <= 0.04
+    assert not diff_values("b", boxes, boxes + np.float32(0.05), rtol=0.0, atol=1e-4, atol_relative=True)["passed"]
+    zeros = np.zeros(3, np.float32)
+    assert diff_values("z", zeros, zeros + np.float32(1e-5), 0.0, 1e-4, atol_relative=True)["passed"]
+    assert not diff_values("z", zeros, zeros + np.float32(1e-3), 0.0, 1e-4, atol_relative=True)["passed"]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.bool_])
+def test_parity_exact_integers(dtype):
+    """exact_integers: an integer (or boolean) value off by one fails whatever the tolerance."""
+    a = np.array([200, 0, 1], dtype)
+    b = a.copy()
+    b[2] = not b[2] if dtype is np.bool_ else b[2] + 1
+    assert diff_values("i", a, a.copy(), rtol=0.5, atol=1.0, exact_integers=True)["passed"]
+    assert diff_values("i", a, b, rtol=0.5, atol=1.0)["passed"]  # the tolerance alone lets it through
+    d = diff_values("i", a, b, rtol=0.5, atol=1.0, exact_integers=True)
+    assert not d["passed"] and d["max_abs"] == 1 and d["outside"] == pytest.approx(1 / 3)
 
 
 def test_parity_against_runtimes_passes(tmp_path):

@@ -31,14 +31,17 @@ def check_model(model: onnx.ModelProto) -> None:
     if not model.opset_import:
         raise ModelError("the model declares no opset_import, so the operators' versions are "
                          "unknown; set opset_import (e.g. onnx.helper.make_opsetid('', 17))")
-    seen = set()
+    seen = {}
     for o in model.opset_import:
         domain = "" if o.domain == "ai.onnx" else o.domain
         if not isinstance(domain, str):
             raise ModelError(f"an opset_import domain is not valid UTF-8: {escape(domain)}")
-        if domain in seen:
-            raise ModelError(f"opset_import lists domain {escape(domain or 'ai.onnx')} twice")
-        seen.add(domain)
+        # an exact repeat (skl2onnx 1.20 writes the default domain twice) is harmless, as
+        # onnx.checker and onnxruntime agree; two versions of one domain are ambiguous
+        if domain in seen and seen[domain] != o.version:
+            raise ModelError(f"opset_import lists domain {escape(domain or 'ai.onnx')} twice, at versions "
+                             f"{seen[domain]} and {o.version}: which one the operators follow is ambiguous")
+        seen[domain] = o.version
         highest = _KNOWN_DOMAIN_MAX.get(domain)
         if o.version < 1 or (highest is not None and o.version > highest):
             raise ModelError(

@@ -55,6 +55,30 @@ def test_unknown_opset_and_no_opset_import():
     _raises(_model([helper.make_node("Relu", ["x"], ["y"])], opset=None), "no opset_import")
 
 
+def _with_opsets(opsets):
+    return helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [_vi("x")], [_vi("y")]),
+                             opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+
+@pytest.mark.parametrize("opsets", [[("", 17), ("", 17)], [("", 17), ("ai.onnx", 17)],
+                                    [("", 17), ("ai.onnx.ml", 3), ("", 17), ("ai.onnx.ml", 3)]])
+def test_an_exact_duplicate_opset_import_is_accepted(opsets):
+    """skl2onnx 1.20 lists the default domain twice at one version; onnx.checker and
+    onnxruntime accept it, and so do we (the repeat says nothing new)."""
+    model = _with_opsets(opsets)
+    onnx.checker.check_model(model)
+    x = np.array([-1.5, 2.0], np.float32)
+    np.testing.assert_array_equal(Session(model.SerializeToString()).run(None, {"x": x})[0], np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("opsets", [[("", 17), ("", 18)], [("ai.onnx", 18), ("", 17)],
+                                    [("ai.onnx.ml", 3), ("", 17), ("ai.onnx.ml", 2)]])
+def test_conflicting_opset_versions_are_refused(opsets):
+    """Two versions for one domain: which schema the nodes follow is ambiguous."""
+    domain = "ai.onnx.ml" if opsets[0][0] == "ai.onnx.ml" else "ai.onnx"
+    _raises(_with_opsets(opsets), f"'{domain}' twice", "versions", "ambiguous")
+
+
 def test_empty_and_garbage_files(tmp_path):
     _raises(b"", "not an ONNX model")
     _raises(b"\xff\xfe garbage \x00\x01", "not an ONNX model")
