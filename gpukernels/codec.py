@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .dtypes import DataType, info
-from .host import pooled_empty
+from .host import pooled_empty, tuning
 from .xp import device_of, to_device
 
 
@@ -159,12 +159,6 @@ def encode(xp, values, data_type: int, saturate: bool = True, round_mode: str = 
 
 # ------------------------------------------------------------------ float32 encode
 
-# elements per pass of _encode_float32, a tuning choice per device: on the host the
-# temporaries stay in cache; on a GPU one pass per 16M elements bounds the workspace
-ENCODE_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}
-HOST_CHUNK = ENCODE_CHUNK["cpu"]
-
-
 @functools.lru_cache(maxsize=None)
 def float32_code_table(data_type: int, saturate: bool) -> np.ndarray:
     """Codes of a <=8-bit float format for every float32 by its top 16 bits and whether
@@ -181,16 +175,17 @@ def float32_code_table(data_type: int, saturate: bool) -> np.ndarray:
 
 
 def _encode_float32(xp, x, dt: DataType, saturate: bool):
-    """Encode of float32 values, chunk by chunk (ENCODE_CHUNK for the data's device):
-    bfloat16 by integer rounding of the bit pattern, the <=8-bit formats by one lookup in
-    float32_code_table.  Equal to _encode_binary (the tests check it) with a few integer
-    passes instead of about 25 array operations."""
+    """Encode of float32 values, chunk by chunk (codec.encode_chunk_cpu / _cuda elements
+    of host/tuning.py, by the data's device): bfloat16 by integer rounding of the bit
+    pattern, the <=8-bit formats by one lookup in float32_code_table.  Equal to
+    _encode_binary (the tests check it) with a few integer passes instead of about 25
+    array operations."""
     flat = xp.ascontiguousarray(x).reshape(-1)
     u_all = flat.view(xp.uint32)
     n = flat.size
     out = pooled_empty(xp, (n,), info(dt).storage)
     device = device_of(flat)
-    step = ENCODE_CHUNK["cuda" if device.is_cuda else "cpu"]
+    step = tuning.value("codec.encode_chunk_cuda" if device.is_cuda else "codec.encode_chunk_cpu")
     t = xp.empty(min(n, step), dtype=xp.uint32)
     if dt == DataType.BFLOAT16:
         quiet = xp.empty_like(t)

@@ -69,3 +69,52 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith("tests/gpu/") and item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+# The float64 reference library is imported as ``from tests.reference import ...``: the
+# repository root on sys.path (python -m pytest puts it there, the pytest script may not).
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(1, _ROOT)
+
+
+@pytest.fixture(params=["auto", "reference"])
+def path(request):
+    """The kernel context option ``paths``: 'auto' (specialisations allowed) or
+    'reference'; the option overrides GPUKERNELS_PATHS, so both run in every suite."""
+    return request.param
+
+
+@pytest.fixture
+def tuning():
+    """Overrides entries of gpukernels/host/tuning.py for the test's duration:
+    ``tuning({"attention.host_block_bytes": 4096})``; later calls add to earlier ones."""
+    from contextlib import ExitStack
+
+    from gpukernels.host import tuning as table
+
+    with ExitStack() as stack:
+        def override(values: dict):
+            stack.enter_context(table.override(**values))
+
+        yield override
+
+
+@pytest.fixture
+def sites_taken():
+    """``with sites_taken() as taken: ...`` -- after the block, ``taken`` holds the sites
+    ("Attention.blocks", ...) of the specialisations chosen inside it."""
+    from contextlib import contextmanager
+
+    from gpukernels.kernels import specialize
+
+    @contextmanager
+    def record():
+        taken = set()
+        with specialize.recording() as chosen:
+            try:
+                yield taken
+            finally:
+                taken.update(s.site for s in chosen)
+
+    return record

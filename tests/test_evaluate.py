@@ -477,7 +477,7 @@ def test_bad_arguments(tmp_path, capsys):
 def test_set_cpu_threads_sets_host_and_blas_threads(monkeypatch):
     from threadpoolctl import threadpool_info
 
-    from gpukernels.xp import host_threads, set_cpu_threads
+    from gpukernels.host import host_threads, set_cpu_threads
 
     monkeypatch.delenv("GPUKERNELS_CPU_THREADS", raising=False)
     try:

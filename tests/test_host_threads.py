@@ -1,10 +1,11 @@
-"""parallel_ranges: host work split over threads gives the same result as one thread,
-keeps the caller's NumPy error state, and re-raises a worker's exception."""
+"""parallel_ranges (gpukernels.host): host work split over threads gives the same result
+as one thread, keeps the caller's NumPy error state and context variables, and re-raises
+a worker's exception."""
 
 import numpy as np
 import pytest
 
-from gpukernels import xp
+from gpukernels import host
 
 
 def test_ranges_cover_everything_once(monkeypatch):
@@ -14,7 +15,7 @@ def test_ranges_cover_everything_once(monkeypatch):
     def fn(lo, hi):
         seen[lo:hi] += 1
 
-    xp.parallel_ranges(1000, 10, fn)
+    host.parallel_ranges(1000, 10, fn)
     assert (seen == 1).all()
 
 
@@ -23,7 +24,7 @@ def test_small_work_stays_in_the_calling_thread(monkeypatch):
 
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", "4")
     threads = set()
-    xp.parallel_ranges(10, 10, lambda lo, hi: threads.add(threading.get_ident()))
+    host.parallel_ranges(10, 10, lambda lo, hi: threads.add(threading.get_ident()))
     assert threads == {threading.get_ident()}
 
 
@@ -35,9 +36,30 @@ def test_errstate_and_exceptions_reach_the_workers(monkeypatch):
 
     with np.errstate(over="raise"):
         with pytest.raises(FloatingPointError):
-            xp.parallel_ranges(300, 10, overflow)
+            host.parallel_ranges(300, 10, overflow)
     with np.errstate(over="ignore"):
-        xp.parallel_ranges(300, 10, overflow)  # silent, in every thread
+        host.parallel_ranges(300, 10, overflow)  # silent, in every thread
+
+
+def test_context_variables_reach_the_workers(monkeypatch):
+    import contextvars
+    import threading
+
+    monkeypatch.setenv("GPUKERNELS_CPU_THREADS", "3")
+    var = contextvars.ContextVar("test_var", default="unset")
+    seen = {}
+    barrier = threading.Barrier(3)
+
+    def part(lo, hi):
+        barrier.wait(timeout=30)  # three ranges, three threads at once
+        seen[threading.get_ident()] = var.get()
+
+    token = var.set("caller")
+    try:
+        host.parallel_ranges(3, 1, part)
+    finally:
+        var.reset(token)
+    assert len(seen) == 3 and set(seen.values()) == {"caller"}
 
 
 def test_threaded_kernels_match_single_thread(monkeypatch, rng):
@@ -139,13 +161,13 @@ def test_threaded_gather_matches_single_thread(monkeypatch, rng):
 def test_copy_array_is_an_independent_exact_copy(monkeypatch, rng):
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", "4")
     a = rng.standard_normal((3000, 1000)).astype(np.float32)  # 12 MB: threaded
-    b = xp.copy_array(a)
+    b = host.copy_array(a)
     assert b is not a and b.flags.c_contiguous
     np.testing.assert_array_equal(a, b)
     b[0, 0] += 1
     assert a[0, 0] != b[0, 0]
     t = a[:, ::2]  # not contiguous: plain copy
-    np.testing.assert_array_equal(xp.copy_array(t), t)
+    np.testing.assert_array_equal(host.copy_array(t), t)
 
 
 def test_scatternd_large_matches_single_thread(monkeypatch, rng):
@@ -182,13 +204,13 @@ def test_threaded_transpose_is_exact(monkeypatch, rng, shape, perm):
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("last", [0, 1])
-def test_threaded_arg_reductions_are_exact(monkeypatch, rng, op, axis, last):
+def test_threaded_arg_reductions_are_exact(monkeypatch, tuning, rng, op, axis, last):
     """ArgMax/ArgMin split over host threads along another axis; ties (many, from
     rounding to a coarse grid) resolved as on one thread; NaN wins as in NumPy."""
     from gpukernels.kernels import KernelContext
     from gpukernels.kernels.math import reductions
 
-    monkeypatch.setattr(reductions, "_PICK_THREAD_ITEMS", 1 << 12)
+    tuning({"arg_reduce.thread_items": 1 << 12})
     x = np.round(rng.standard_normal((37, 300, 5)) * 4).astype(np.float32)
     x[3, 7, 2] = np.nan
     ref_x = np.flip(x, axis) if last else x
@@ -205,12 +227,12 @@ def test_threaded_arg_reductions_are_exact(monkeypatch, rng, op, axis, last):
 
 @pytest.mark.parametrize("onesided, inverse", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("channels", [1, 2])
-def test_threaded_dft_matches_float64_reference(monkeypatch, rng, onesided, inverse, channels):
+def test_threaded_dft_matches_float64_reference(monkeypatch, tuning, rng, onesided, inverse, channels):
     """DFT with the signals split over host threads, against numpy.fft in float64."""
     from gpukernels.kernels import KernelContext
     from gpukernels.kernels.signal import dft
 
-    monkeypatch.setattr(dft, "_THREAD_ITEMS", 64)
+    tuning({"dft.thread_items": 64})
     x = rng.standard_normal((7, 40, channels)).astype(np.float32)
     sig = x[..., 0] + (1j * x[..., 1] if channels == 2 else 0)
     if onesided and inverse:

@@ -1,5 +1,5 @@
-"""The import graph of gpukernels/ has no cycle, kernels/ never imports runtime/, and
-nothing imports the CLI.
+"""The import graph of gpukernels/ has no cycle, kernels/ never imports runtime/, host/
+imports neither, and nothing imports the CLI.
 
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import``
 statement counts, at module level and inside functions alike (an import inside a
@@ -165,6 +165,16 @@ def test_kernels_never_import_the_runtime(graph):
            for b, lines in edges.items() if b == "gpukernels.runtime" or b.startswith("gpukernels.runtime.")]
     assert not bad, "kernels/ reaches runtime/ through the SubgraphRunner it is given, never by import:\n" + \
         "\n".join(bad)
+
+
+def test_host_never_imports_kernels_or_the_runtime(graph):
+    """host/ (threads, the buffer arena, tuning) sits below the kernels and the runtime:
+    kernels call it, the runtime makes a Session's arena current for a run."""
+    above = ("gpukernels.kernels", "gpukernels.runtime")
+    bad = [f"{a} -> {b} (line {lines[0]})" for a, edges in graph.items()
+           if a == "gpukernels.host" or a.startswith("gpukernels.host.")
+           for b, lines in edges.items() if any(b == p or b.startswith(p + ".") for p in above)]
+    assert "gpukernels.host.arena" in graph and not bad, "\n".join(bad)
 
 
 def test_nothing_imports_the_cli(graph):

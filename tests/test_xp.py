@@ -51,21 +51,3 @@ def test_last_update_wins():
     np.testing.assert_array_equal(target, [0, 7, 1])
 
 
-def test_host_output_pool_limit_from_environment(monkeypatch):
-    """GPUKERNELS_HOST_POOL_MB bounds the idle output memory kept for reuse; 0 turns it off."""
-    from gpukernels.xp import _HostOutputPool
-
-    monkeypatch.setenv("GPUKERNELS_HOST_POOL_MB", "0")
-    pool = _HostOutputPool(min_bytes=64)
-    a = pool.empty((1000,), np.float32)
-    del a
-    assert pool._bufs == []
-    monkeypatch.setenv("GPUKERNELS_HOST_POOL_MB", "1")
-    pool = _HostOutputPool(min_bytes=64)
-    a = pool.empty((1000,), np.float32)
-    ptr = a.ctypes.data
-    del a
-    b = pool.empty((1000,), np.float32)  # idle buffer handed out again
-    assert b.ctypes.data == ptr
-    c = pool.empty((1000,), np.float32)  # b still alive: a different buffer
-    assert c.ctypes.data != b.ctypes.data

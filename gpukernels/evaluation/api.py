@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from ..archive import DataError, safe_name
+from ..host import tuning
 from .spec import EvalArgumentError, EvalError, load_spec
 
 AGAINST = ("onnxruntime", "reference", "cpu", "cuda")
-_TARGET_BATCH_BYTES = 4 << 20
-_MAX_DEFAULT_BATCH = 256
 
 
 @dataclass
@@ -73,11 +72,13 @@ def _resolve_device(device: str, local: bool) -> str:
 
 
 def default_batch(source, run_size, n: int) -> int:
-    """About 4 MiB of input per batch, at most 256 samples, and at least 16 batches when
-    there are that many samples; a multiple of the model's fixed batch dimension."""
+    """About evaluation.batch_bytes of input per batch (host/tuning.py: 4 MiB), at most
+    evaluation.max_batch samples (256), and at least 16 batches when there are that many
+    samples; a multiple of the model's fixed batch dimension."""
     per_sample = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(source.dtypes[k]).itemsize
                      for k, s in source.shapes.items())
-    b = max(1, min(_MAX_DEFAULT_BATCH, _TARGET_BATCH_BYTES // max(1, per_sample), math.ceil(n / 16)))
+    by_bytes = tuning.value("evaluation.batch_bytes") // max(1, per_sample)
+    b = max(1, min(tuning.value("evaluation.max_batch"), by_bytes, math.ceil(n / 16)))
     if run_size:
         b = max(run_size, run_size * round(b / run_size))
     return b

@@ -122,7 +122,7 @@ def _apply_threads(job: Job) -> int:
                 total = 1
         n = max(1, cores() // max(1, total))
     if n != _THREADS:
-        from ..xp import set_cpu_threads
+        from ..host import set_cpu_threads
 
         with _LOCK:
             set_cpu_threads(n)

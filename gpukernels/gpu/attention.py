@@ -36,6 +36,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import CudaKernelError
+from ..host import tuning
 from ..tensor import Tensor
 from . import accelerated
 from .launch import CudaSource, Lazy, backend_for, ceil_div, describe_arrays, f32, i32, i64
@@ -45,7 +46,6 @@ CTYPES = {DataType.FLOAT: "float", DataType.FLOAT16: "__half", DataType.BFLOAT16
 DMAXES = (64, 128, 256)
 # mask element type -> kind understood by the kernel (others are converted to float32 first)
 MASK_KINDS = {DataType.BOOL: 1, DataType.FLOAT: 2, DataType.FLOAT16: 3, DataType.BFLOAT16: 4}
-MAX_SPLITS = 64
 
 
 def _simt_bms(dmax: int) -> tuple[int, int]:
@@ -145,7 +145,7 @@ def _choose_splits(backend, blocks: int, ntiles: int) -> int:
     target = 2 * int(backend.sm_count)
     if blocks >= target or ntiles < 4:
         return 1
-    s = min(ceil_div(target, blocks), ntiles // 2, MAX_SPLITS)
+    s = min(ceil_div(target, blocks), ntiles // 2, tuning.value("attention.cuda_max_splits"))
     return max(1, s)
 
 
@@ -259,7 +259,7 @@ def run(backend, *, Q: Tensor, K: Tensor, V: Tensor, attn_mask=None, past_key=No
         raise CudaKernelError(f"{what}: {blocks} blocks exceed the grid limit")
     ntiles = ceil_div(T, bn)
     n_split = int(splits) if splits is not None else _choose_splits(backend, blocks, ntiles)
-    n_split = max(1, min(n_split, MAX_SPLITS))
+    n_split = max(1, min(n_split, tuning.value("attention.cuda_max_splits")))
     part = backend.empty((n_split * BH * M * (Dv + 2),), np.float32) if n_split > 1 else None
 
     sQ = _strides(rank, Hq, Sq, D)

@@ -6,12 +6,13 @@ Tensors (past_state/decay/beta possibly absent) and resolved attributes (scale a
 1/sqrt(d_k) when the attribute was 0; update_rule a str).  Returns
 ``LinearAttention.Result(output, present_state)``.
 
-Algorithm choice: the recurrent kernel (state on chip) for T <= RECURRENT_MAX_T, the
-chunked kernels beyond; the context option 'linear_attention_mode' ('recurrent' /
-'chunked') forces one.  d_k up to 128 is covered (the recurrent kernel keeps d_k/4 state
-rows per thread in registers); larger d_k returns None (the class' array code then runs on
-the GPU).  The state is float32 inside; a half-typed past_state is converted on the way in
-and present_state rounded once on the way out.
+Algorithm choice: the recurrent kernel (state on chip) for T up to
+linear_attention.cuda_recurrent_max_t (host/tuning.py), the chunked kernels beyond; the
+context option 'linear_attention_mode' ('recurrent' / 'chunked') forces one.  d_k up to
+128 is covered (the recurrent kernel keeps d_k/4 state rows per thread in registers);
+larger d_k returns None (the class' array code then runs on the GPU).  The state is
+float32 inside; a half-typed past_state is converted on the way in and present_state
+rounded once on the way out.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from ..codec import from_float32, to_float32
 from ..dtypes import DataType
 from ..errors import CudaKernelError
+from ..host import tuning
 from ..tensor import Tensor
 from . import accelerated
 from .launch import CudaSource, Lazy, backend_for, ceil_div, describe_arrays, f32, i32
@@ -31,8 +33,7 @@ SOURCE = "linear_attention.cu"
 CTYPES = {DataType.FLOAT: "float", DataType.FLOAT16: "__half", DataType.BFLOAT16: "__nv_bfloat16"}
 ROWS = (1, 2, 4, 8, 16, 32)  # R: state rows per thread; d_k <= 4 R
 MAX_DK = 4 * ROWS[-1]
-RECURRENT_MAX_T = 64
-CHUNK = 32
+CHUNK = 32  # tokens per chunk: the constexpr C of linear_attention.cu (not a tuning knob)
 _RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}
 
 
@@ -44,7 +45,6 @@ def expressions() -> list[str]:
 
 
 CUDA_SOURCES = [CudaSource(SOURCE, expressions, no_spill=("gk_la_",))]
-WORKSPACE_BYTES = 64 << 20  # chunk-local workspace per segment of chunks
 
 
 def _absent(t) -> bool:
@@ -133,7 +133,8 @@ def run(backend, *, query: Tensor, key: Tensor, value: Tensor, past_state=None, 
     what = Lazy(lambda: f"LinearAttention {rule} ({describe_arrays(query=q, key=k, value=v, decay=dcy, beta=bt)}, "
                         f"q_num_heads={Hq}, kv_num_heads={Hkv})")
     mode = mode or "auto"
-    use_chunked = (mode == "chunked" or (mode == "auto" and T > RECURRENT_MAX_T))
+    use_chunked = (mode == "chunked"
+                   or (mode == "auto" and T > tuning.value("linear_attention.cuda_recurrent_max_t")))
     if use_chunked:
         _run_chunked(backend, dt, q, k, v, s_in, dcy, bt, out, state_out, B, T, Hq, Hkv, dk, dv, decay_width,
                      beta_heads, sc, what)
@@ -173,7 +174,8 @@ def _run_chunked(backend, dt, q, k, v, s_in, dcy, bt, out, state_out, B, T, Hq, 
     delta = beta_heads > 0
     n_chunks = ceil_div(T, C)
     per_chunk = B * Hkv * C * (dg + (dk + dv if delta else 0) + G * C) * 4
-    seg = max(1, min(n_chunks, WORKSPACE_BYTES // max(per_chunk, 1)))
+    # chunks per launch pair: their chunk-local workspace within linear_attention.cuda_workspace_bytes
+    seg = max(1, min(n_chunks, tuning.value("linear_attention.cuda_workspace_bytes") // max(per_chunk, 1)))
     gam = backend.empty((B * Hkv * seg * C * dg,), np.float32) if dg else None
     wm = backend.empty((B * Hkv * seg * C * dk,), np.float32) if delta else None
     u0 = backend.empty((B * Hkv * seg * C * dv,), np.float32) if delta else None

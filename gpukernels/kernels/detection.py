@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..host import tuning
 from ..limits import check_allocation
 from .base import KernelBase, register
 from .specialize import specialize
@@ -92,9 +93,8 @@ def _head_order(xp, key, head):
 
 # --- host path: one (batch, class) pair at a time, on 1-D arrays -----------------------
 
-# Most candidate pairs one sweep may list (int64 workspace of a few of these); a pair
-# of (batch, class) needing more goes through the block path.
-_PAIR_BUDGET = 1 << 21
+# Tuning (host/tuning.py): one sweep lists at most nms.pair_budget candidate pairs (int64
+# workspace of a few of these); a (batch, class) pair needing more goes through the blocks.
 
 
 def _host_order(key, stop):
@@ -146,7 +146,7 @@ def _iou_above(inter, aa, ab, thr):
 def _sweep_edges(geo, thr):
     """Suppression edges among boxes in visiting order, geo as from _host_corners: index
     arrays (src, dst), src < dst, with IoU(src, dst) > thr by the exact float32 test of
-    _iou_suppresses; None when the pairs to look at exceed _PAIR_BUDGET.
+    _iou_suppresses; None when the pairs to look at exceed nms.pair_budget.
 
     With the boxes sorted by ymin, box k can only overlap the boxes after it that start
     before it ends: at most the next w, w the longest such run (a searchsorted bound;
@@ -159,7 +159,7 @@ def _sweep_edges(geo, thr):
     w = int((g[0].searchsorted(g[2]) - _one_to(n)).max())
     if w <= 0:
         return perm[:0], perm[:0]
-    if w * n > _PAIR_BUDGET:
+    if w * n > tuning.value("nms.pair_budget"):
         return None
     pad = np.empty((4, n + w), np.float32)
     pad[:, :n] = g[:4]
@@ -193,7 +193,7 @@ def _greedy_removed(size, gone, src, dst):
     """Greedy resolution of the edges (src, dst) among `size` candidates in visiting order,
     given the candidates already removed (a list of indices): the removed indices (a list
     or an array); a candidate is removed when a kept earlier one has an edge to it."""
-    if src.size <= 4096:
+    if src.size <= tuning.value("nms.greedy_loop_edges"):
         # few edges: in order of dst, every src is settled before its edge is seen
         gone = set(gone)
         for d, s in sorted(zip(dst.tolist(), src.tolist())):
@@ -230,7 +230,7 @@ def _cross_hits(sel, geo, thr):
     With the selected boxes sorted by ymin, candidate k can only overlap those starting
     before it ends and no earlier than its start minus the tallest selected box (two
     searchsorted bounds, in float64), so only those pairs are listed -- as flat index
-    arrays, at most _PAIR_BUDGET pairs at a time.  NaN corners never suppress (their
+    arrays, at most nms.pair_budget pairs at a time.  NaN corners never suppress (their
     tests fail, and a NaN bound lists no pair)."""
     m = geo.shape[1]
     hit = np.zeros(m, bool)
@@ -247,9 +247,10 @@ def _cross_hits(sel, geo, thr):
     counts = np.maximum(hi - lo, 0)
     ends = np.cumsum(counts)
     first = 0
+    budget = tuning.value("nms.pair_budget")
     while first < m:
         done = int(ends[first - 1]) if first else 0
-        last = max(first + 1, int(np.searchsorted(ends, done + _PAIR_BUDGET, side="right")))
+        last = max(first + 1, int(np.searchsorted(ends, done + budget, side="right")))
         c = counts[first:last]
         total = int(c.sum())
         if total:
@@ -317,11 +318,10 @@ def _host_pair(boxes, scores, valid, n, cap, thr, center):
 
 @register()
 class NonMaxSuppression(KernelBase):
-    block = 128  # candidates per block of the block path
-    # On the host, (batch, class) pairs run one at a time (_host_pair) when there are at
-    # most this many pairs with a valid box, else through the vectorised blocks.  The loop
-    # measured 2-3x faster than the blocks even for 80 classes, so it is always taken.
-    host_pairs = 1 << 30
+    """Tuning (host/tuning.py): nms.block candidates per block of the block path; on the
+    host, (batch, class) pairs run one at a time (_host_pair) when at most nms.host_pairs
+    of them have a valid box, else through the vectorised blocks (the loop measured 2-3x
+    faster than the blocks even for 80 classes, so it is always taken)."""
 
     def __call__(self, boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
                  score_threshold=None, center_point_box=0):
@@ -374,7 +374,7 @@ class NonMaxSuppression(KernelBase):
         nvalid_host = np.asarray(nvalid.get() if hasattr(nvalid, "get") else nvalid)
         top = int(nvalid_host.max()) if nvalid_host.size else 0
         pair_batch = xp.arange(pairs) // nc
-        bs = self.block
+        bs = tuning.value("nms.block")
         # Sort only the best few candidates first (most calls select early); the full
         # stable sort is computed only if the selection needs more.
         head = min(n, max(4 * bs, 2 * cap))
@@ -435,10 +435,10 @@ def _live_pairs(sc, valid):
 
 
 @specialize("NonMaxSuppression.select", device="cpu", ops=("NonMaxSuppression",),
-            when=lambda kernel, b, sc, valid, *rest: len(_live_pairs(sc, valid)) <= kernel.host_pairs)
+            when=lambda kernel, b, sc, valid, *rest: len(_live_pairs(sc, valid)) <= tuning.value("nms.host_pairs"))
 def _nms_host(kernel, b, sc, valid, nc, cap, iou_thr, center):
     """Host path: one (batch, class) pair with a valid box at a time (see _host_pair), while
-    there are few enough of them for a Python loop (NonMaxSuppression.host_pairs)."""
+    there are few enough of them for a Python loop (nms.host_pairs)."""
     n = sc.shape[1]
     parts = []
     for p in _live_pairs(sc, valid):

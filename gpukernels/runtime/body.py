@@ -14,6 +14,10 @@ the inputs match the signature every slot does.  Anything unexpected -- an excep
 in an array function, a kernel result of another type or shape -- finishes the
 iteration through the general path from that node on (redoing the failed node there,
 so errors and warnings are exactly the kernel's).
+
+The host buffer arena (gpukernels.host.arena) sees a program's slots as it sees a
+graph's scopes: results are bound when stored, dropped slots unbound, the inputs
+pinned.  Compiling runs outside the arena: a program outlives the run that compiles it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import UnsupportedOperatorError
+from ..host import current_run, suspended
 from ..kernels.base import lookup
 from ..kernels.subgraphs import signature
 from ..tensor import Tensor
@@ -74,6 +79,9 @@ class FloatingPointGuard:
             token.__exit__(None, None, None)
 
 
+_NOTHING_TAKEN: dict = {}  # BodyProgram.run's stand-in for a run without an arena
+
+
 class _Diverged(Exception):
     """A pre-bound kernel call returned something other than the recorded type/shape."""
 
@@ -103,12 +111,16 @@ _STAND_IN_BYTES = 1 << 12
 
 def _stand_in(value):
     """For a tensor of 4 KiB or more, a tensor of its element type, shape and array class
-    holding no memory (zeros broadcast from one element); other values as they are."""
+    holding no memory (zeros broadcast from one element); a smaller view of host memory
+    copied (the memory may be a host arena buffer that goes back before the recording is
+    compiled); other values as they are."""
     if value.__class__ is Tensor and value.array is not None:
         a = value.array
         xp = namespace_of(a)
         if a.__class__ is xp.ndarray and a.nbytes >= _STAND_IN_BYTES:
             return Tensor.wrap(xp.broadcast_to(xp.zeros((), a.dtype), a.shape), value.data_type)
+        if a.__class__ is np.ndarray and a.base is not None:
+            return Tensor.wrap(a.copy(), value.data_type)
     return value
 
 
@@ -145,7 +157,8 @@ class BodyProgram:
             return None
         prog = cls(plan, parent)
         try:
-            prog._compile(inputs, outputs, records)
+            with suspended():
+                prog._compile(inputs, outputs, records)
         except _NotCompilable:
             return None
         return prog
@@ -309,7 +322,7 @@ class BodyProgram:
                 raise _Diverged(j + 1, {name: value for (s, sig, name), value in zip(out_specs, results)
                                         if name})
 
-        return (0, call, None, None, None), read
+        return (0, call, None, tuple(s for s, _, _ in out_specs if s is not None), None), read
 
     def _scope_reads(self, p: PreparedNode) -> set:
         names = set()
@@ -357,22 +370,42 @@ class BodyProgram:
         """One iteration on input arrays; see the class docstring.
 
         Op codes: 1 and 2: v[o] = fn(v[a]) / fn(v[a], v[b]); 3: v[o] = fn(*v[a...]);
-        0: fn(v), a pre-bound kernel call; 4: drop the slots in a."""
+        0: fn(v), a pre-bound kernel call writing the slots in b; 4: drop the slots in a.
+        While the current run's host arena has buffers out (``taken``), results are
+        bound and dropped slots unbound."""
         v = inputs + self.tail
+        live = current_run()
+        taken = live.taken if live is not None else _NOTHING_TAKEN
+        # the arena hands out views of its buffers: an array owning its memory (most
+        # results, and .base is a short test) never uses one
+        if taken:
+            for x in inputs:
+                if x.base is not None:
+                    live.pin(inputs)
+                    break
         k = 0
         try:
             for k, (code, fn, a, b, o) in enumerate(self.ops):
                 if code == 1:
-                    v[o] = fn(v[a])
+                    r = fn(v[a])
                 elif code == 2:
-                    v[o] = fn(v[a], v[b])
+                    r = fn(v[a], v[b])
                 elif code == 0:
                     fn(v)
+                    if taken:
+                        live.bind([v[s] for s in b])
+                    continue
                 elif code == 3:
-                    v[o] = fn(*[v[i] for i in a])
+                    r = fn(*[v[i] for i in a])
                 else:
                     for i in a:
-                        v[i] = _MISSING
+                        dropped, v[i] = v[i], _MISSING
+                        if taken:
+                            live.unbind(dropped)
+                    continue
+                v[o] = r
+                if taken and r.base is not None:
+                    live.bind(r)
         except _Diverged as exc:
             return False, self._finish(v, exc.next_node, exc.values)
         except Exception:
@@ -389,14 +422,20 @@ class BodyProgram:
         for p in plan.nodes[:start]:
             names.extend(n for n in p.outputs if n)
         wrap = Tensor.wrap
+        placed = {}
         for name in names:
             s = self.slot_of.get(name)
             if s is None or v[s] is _MISSING:
                 continue
             dt = self.slot_dt[s]
-            values[name] = v[s] if dt is None else wrap(v[s], dt)
+            placed[name] = v[s] if dt is None else wrap(v[s], dt)
         if extra:
-            values.update(extra)
+            placed.update(extra)
+        live = current_run()
+        if live is not None and live.taken:
+            # bound anew by name (the slots' counts are left behind: never too low)
+            live.bind(list(placed.values()))
+        values.update(placed)
         scope = Scope(values, self.parent, plan)
         token = self.guard.enter_caller()
         try:

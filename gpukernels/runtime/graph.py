@@ -5,10 +5,17 @@ initializers placed on the device, calls of model-local functions and of schema
 functions (operators with a function body but no kernel) set up, and a release plan
 computed so every intermediate is dropped right after its last use.  Running a prepared
 graph only looks values up, calls kernels and releases values.
+
+Preparing runs outside the host buffer arena (host.suspended: what it makes outlives
+every run).  Running tells the current run's arena which values are bound to names and
+when the release plan drops them (HostRun.bind / unbind), so a buffer no value uses any
+more is handed out again within the run; a graph's inputs given by a kernel pin theirs
+(see gpukernels.host.arena).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -18,6 +25,7 @@ import onnx
 
 from .. import dtypes
 from ..errors import GpuKernelsError, ModelError, UnsupportedOperatorError, node_error_for
+from ..host import current_run, suspended
 from ..kernels import load_all
 from ..kernels.base import KernelContext, describe, has_kernel, lookup
 from ..tensor import Optional, Sequence, Tensor
@@ -181,6 +189,18 @@ def _graphs_of(attr: onnx.AttributeProto):
     return []
 
 
+def _outside_runs(fn):
+    """fn run with the host arena suspended: initializers, folded constants and
+    optimised graphs made while preparing (lazily, inside a run, for subgraphs and
+    function bodies) outlive the run."""
+    @functools.wraps(fn)
+    def prepared(*args, **kwargs):
+        with suspended():
+            return fn(*args, **kwargs)
+
+    return prepared
+
+
 class PreparedNode:
     """One node ready to run: a kernel and its bound attributes, or a function call."""
 
@@ -219,6 +239,7 @@ class PreparedGraph:
     ctx: the KernelContext every kernel of this graph uses.
     """
 
+    @_outside_runs
     def __init__(self, graph, ctx: KernelContext, functions: dict | None = None,
                  base_dir: str | None = None, attribute_values: dict | None = None,
                  checked_inputs: bool = False):
@@ -420,7 +441,13 @@ class PreparedGraph:
     def run(self, inputs, parent: Scope | None = None, observer=None) -> list:
         """Run with inputs (a list in formal order, or a dict by name); returns outputs in
         order.  observer(prepared_node, input_values, output_values, seconds), when given,
-        is called after every node."""
+        is called after every node.  The inputs' host buffers stay the current run's
+        (pinned): the caller, a kernel, may hold them."""
+        return self._run(inputs, parent, observer, True)
+
+    def _run(self, inputs, parent: Scope | None, observer, pin: bool) -> list:
+        """run(); pin=False when the inputs are values the caller keeps bound in its own
+        scope (a function call from a node of this runtime): they are counted instead."""
         values = dict(self.constants) if self.constants else {}
         if isinstance(inputs, dict):
             values.update(inputs)
@@ -429,15 +456,29 @@ class PreparedGraph:
                 raise ModelError(f"{self.name}: {len(inputs)} inputs given, it declares "
                                  f"{len(self.input_names)}")
             values.update(zip(self.input_names, inputs))
+        live = current_run()
+        if live is not None and live.taken:
+            given = list(inputs.values() if isinstance(inputs, dict) else inputs)
+            if pin:
+                live.pin(given)
+            else:
+                live.bind(given)
         scope = Scope(values, parent, self)
         self._run_steps(scope, 0, observer)
-        return self._outputs(scope)
+        outputs = self._outputs(scope)
+        if live is not None and live.taken:
+            # bound here, handed on: the caller binds them where it stores them
+            live.forget([values[n] for n in set(self.output_names)
+                         if n in values and n not in self.constants])
+        return outputs
 
     def _run_steps(self, scope: Scope, start: int, observer) -> None:
-        """Run nodes start.. on scope's values, releasing each value after its last use."""
+        """Run nodes start.. on scope's values, releasing each value after its last use
+        (and telling the current run's host arena, when it has buffers out)."""
         values = scope.values
         run_node = self._run_node
         pop = values.pop
+        live = current_run()
         for p, release in (self._steps if start == 0 else self._steps[start:]):
             if p.simple and observer is None:
                 # fast path: a one-output kernel whose inputs are all local values
@@ -453,8 +494,15 @@ class PreparedGraph:
                         self._store(p, args, result, values)
             else:
                 run_node(p, scope, observer)
-            for name in release:
-                pop(name, None)
+            if live is not None and live.taken:
+                live.bind([values[n] for n in p.outputs if n and n in values])
+                for name in release:
+                    v = pop(name, _MISSING)
+                    if v is not _MISSING:
+                        live.unbind(v)
+            else:
+                for name in release:
+                    pop(name, None)
 
     def _outputs(self, scope: Scope) -> list:
         values = scope.values
@@ -543,7 +591,7 @@ class PreparedGraph:
             ctx = KernelContext(self.ctx.device, {**self.ctx.opset, **f.opsets}, self.ctx.options)
             body = PreparedGraph(f, ctx, self.functions, self.base_dir, attribute_values=attrs)
             p._expanded[None] = body
-        return body.run(list(args))
+        return body._run(list(args), None, None, False)
 
     def _call_schema_function(self, p: PreparedNode, args) -> list:
         schema = p.schema_function
@@ -552,7 +600,7 @@ class PreparedGraph:
         if body is None:
             body = self._expand_schema_function(p, schema, args)
             p._expanded[signature] = body
-        return body.run(list(args))
+        return body._run(list(args), None, None, False)
 
     def _expand_schema_function(self, p: PreparedNode, schema, args) -> "PreparedGraph":
         opset = self.ctx.opset_for(p.domain) or schema.since_version

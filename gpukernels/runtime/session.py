@@ -11,6 +11,7 @@ import onnx
 from .. import dtypes
 from ..errors import InputError, ModelError
 from ..gpu import device_checks
+from ..host import HostArena, suspended
 from ..kernels.base import KernelContext
 from ..tensor import Optional, Sequence, Tensor, to_host_value
 from ..xp import Device, require
@@ -74,7 +75,9 @@ class Session:
     not use external data).  options: see KernelContext.OPTIONS.
 
     One Session may be run from any number of threads at once: runs share only the
-    prepared graph, which no run changes.  Inputs are checked against the model's
+    prepared graph, which no run changes, and the session's host buffer arena
+    (``arena``: large host arrays handed out again from run to run, see
+    gpukernels.host.arena; runs with an observer do without it).  Inputs are checked against the model's
     declared element types, ranks and fixed dimensions; the arrays returned never share
     memory with the session's constants.
     """
@@ -102,6 +105,7 @@ class Session:
         # graphs with symbolic input dimensions: prepared again per input signature, so
         # their shape arithmetic folds too (optimize pass 'specialize', runtime.optimize)
         self._specializer = Specializer.for_plan(self.graph, self._compiled is not None)
+        self.arena = HostArena()
 
     def feed(self, name: str, value):
         """Convert a user value for input name into a runtime value on the device."""
@@ -155,14 +159,20 @@ class Session:
         values = {name: self.feed(name, v) for name, v in feeds.items()}
         graph, compiled = self.graph, self._compiled
         if self._specializer is not None:
-            found = self._specializer.lookup(values)
+            with suspended():  # a new signature's graph is prepared: its constants stay
+                found = self._specializer.lookup(values)
             if found is not None:
                 graph, compiled = found
-        if observer is None and compiled is not None:
-            outs = compiled.run(values)
-            if outs is not None:
-                return outs
-        return graph.run(values, observer=observer)
+        if observer is not None:
+            with suspended():  # an observer may keep any intermediate
+                return graph.run(values, observer=observer)
+        with self.arena.run() as live:
+            outs = compiled.run(values) if compiled is not None else None
+            if outs is None:
+                outs = graph.run(values)
+            if live is not None:
+                live.finish(outs)
+            return outs
 
     def run(self, output_names, feeds: dict, observer=None) -> list:
         """onnxruntime-style: host values of the requested outputs (all when None)."""

@@ -12,6 +12,7 @@ import pytest
 from emu_harness import check_op
 from gpukernels.gpu import linear_attention as gpu_la
 from gpukernels.gpu import parity
+from gpukernels.host import tuning as table
 from gpukernels.kernels.nn.linear_attention import LinearAttention
 from gpukernels.tensor import Tensor
 
@@ -162,15 +163,16 @@ def test_la_chunked_half_types_no_past(emu, rng, dtype):
     _check_chunked(emu, case, "gated_delta", 2, 1, dtype, ("chunked", dtype, "no past", "beta (B,T,1)"))
 
 
-def test_la_chunked_segments(emu, rng, monkeypatch):
+def test_la_chunked_segments(emu, rng, tuning):
     # a tiny workspace forces one chunk per segment: the state crosses launches
-    monkeypatch.setattr(gpu_la, "WORKSPACE_BYTES", 1)
+    tuning({"linear_attention.cuda_workspace_bytes": 1})
     case = make_case(rng, "float32", "delta", B=1, T=65, Hq=1, Hkv=1, dk=4, dv=4)
     _check_chunked(emu, case, "delta", 1, 1, "float32", ("chunked", "segmented workspace"))
 
 
 def test_la_auto_mode_picks_chunked_for_long_sequences(emu, rng):
-    case = make_case(rng, "float32", "gated", B=1, T=gpu_la.RECURRENT_MAX_T + 1, Hq=1, Hkv=1, dk=4, dv=8)
+    T = table.value("linear_attention.cuda_recurrent_max_t") + 1
+    case = make_case(rng, "float32", "gated", B=1, T=T, Hq=1, Hkv=1, dk=4, dv=8)
     import emulator
 
     before = sum(n for (s, e), n in emulator.LAUNCHES.items() if "chunk_state" in e)

@@ -1,4 +1,8 @@
-"""NonMaxSuppression and RoiAlign against plain loop references."""
+"""NonMaxSuppression and RoiAlign against plain loop references (NonMaxSuppression's in
+tests/reference, with the IoU in float32 exactly as specified).  NonMaxSuppression's host
+path (one (batch, class) pair at a time, y-sweep for the overlapping pairs, greedy
+resolution) is checked against the reference and against the block path (the option
+paths='reference')."""
 
 from __future__ import annotations
 
@@ -9,43 +13,10 @@ import numpy as np
 import pytest
 
 from gpukernels.errors import KernelInputError, KernelTypeError
+from gpukernels.kernels import detection
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.detection import NonMaxSuppression, RoiAlign
-
-
-def ref_nms(boxes, scores, max_out, iou_thr, score_thr, center):
-    out = []
-    nb, nc, n = scores.shape
-    for b in range(nb):
-        bx = boxes[b].astype(np.float32)
-        if center:
-            cx, cy, w, h = bx.T
-            c = np.stack([cy - h / 2, cx - w / 2, cy + h / 2, cx + w / 2], 1)
-        else:
-            c = bx
-        ymin, xmin = np.minimum(c[:, 0], c[:, 2]), np.minimum(c[:, 1], c[:, 3])
-        ymax, xmax = np.maximum(c[:, 0], c[:, 2]), np.maximum(c[:, 1], c[:, 3])
-        for cl in range(nc):
-            cand = [i for i in range(n) if score_thr is None or scores[b, cl, i] > score_thr]
-            cand.sort(key=lambda i: (-scores[b, cl, i], i))
-            sel = []
-            for i in cand:
-                if len(sel) >= max_out:
-                    break
-                ok = True
-                for j in sel:
-                    ih = min(ymax[i], ymax[j]) - max(ymin[i], ymin[j])
-                    iw = min(xmax[i], xmax[j]) - max(xmin[i], xmin[j])
-                    inter = max(ih, 0) * max(iw, 0)
-                    ai = (ymax[i] - ymin[i]) * (xmax[i] - xmin[i])
-                    aj = (ymax[j] - ymin[j]) * (xmax[j] - xmin[j])
-                    if inter > 0 and ai > 0 and aj > 0 and inter / (ai + aj - inter) > iou_thr:
-                        ok = False
-                        break
-                if ok:
-                    sel.append(i)
-            out += [[b, cl, i] for i in sel]
-    return np.array(out, np.int64).reshape(-1, 3)
+from tests.reference import nms as ref_nms
 
 
 def random_boxes(rng, nb, n, center=False, spread=100.0):
@@ -76,11 +47,11 @@ def test_nms_random(device, rng, nb, nc, n, max_out, iou, score_thr, center):
     np.testing.assert_array_equal(y.numpy(), exp)
 
 
-def test_nms_dense_overlap_many_blocks(device, rng):
+def test_nms_dense_overlap_many_blocks(device, rng, tuning):
     boxes = random_boxes(rng, 1, 700, spread=40.0)
     scores = rng.random((1, 1, 700)).astype(np.float32)
+    tuning({"nms.block": 64})
     k = NonMaxSuppression(KernelContext(device))
-    k.block = 64
     y = k(boxes, scores, np.int64(10000), np.float32(0.2))
     np.testing.assert_array_equal(y.numpy(), ref_nms(boxes, scores, 10000, 0.2, None, 0))
 
@@ -220,12 +191,207 @@ def test_roi_align_edge_and_errors(device, rng):
 
 @pytest.mark.parametrize("max_out", [3, 20, 60])
 @pytest.mark.parametrize("nc", [1, 3])
-def test_nms_partial_sort_with_ties(device, rng, max_out, nc):
+def test_nms_partial_sort_with_ties(device, rng, tuning, max_out, nc):
     # few distinct scores: many ties straddle the partial-sort boundary; small blocks so
     # that the head (4 blocks) is exceeded and the full sort takes over for some pairs
     boxes = random_boxes(rng, 2, 400, spread=60.0)
     scores = (rng.integers(0, 12, (2, nc, 400)) / 12).astype(np.float32)
+    tuning({"nms.block": 16})
     k = NonMaxSuppression(KernelContext(device))
-    k.block = 16
     y = k(boxes, scores, np.int64(max_out), np.float32(0.1), np.float32(0.05))
     np.testing.assert_array_equal(y.numpy(), ref_nms(boxes, scores, max_out, 0.1, np.float32(0.05), 0))
+
+
+# ---------------------------------------------------------------------------- NonMaxSuppression host path
+
+
+def boxes_of(rng, nb, n, spread, lo, hi, center=False, grid=False):
+    xy = rng.uniform(0, spread, (nb, n, 2))
+    wh = rng.uniform(lo, hi, (nb, n, 2))
+    if grid:  # integer corners: many IoUs exactly at simple thresholds (1/2, 1/3, 1/4)
+        xy, wh = np.floor(xy), np.floor(wh)
+    if center:
+        return np.concatenate([xy + wh / 2, wh], -1).astype(np.float32)
+    b = np.concatenate([xy, xy + wh], -1)
+    flip = rng.random((nb, n)) < 0.3  # some corners given swapped
+    b[flip] = b[flip][:, [2, 3, 0, 1]]
+    return b.astype(np.float32)
+
+
+def run_nms(boxes, scores, max_out, iou, score_thr=None, center=0, device="cpu", blocks=False):
+    # the block path: the reference; else the host path where it applies
+    k = NonMaxSuppression(KernelContext(device, options={"paths": "reference" if blocks else "auto"}))
+    y = k(boxes, scores, np.array([max_out], np.int64), np.array([iou], np.float32),
+          None if score_thr is None else np.array([score_thr], np.float32), center_point_box=center)
+    assert y.data_type == 7
+    return y.numpy()
+
+
+def check_nms(boxes, scores, max_out, iou, score_thr=None, center=0, device="cpu"):
+    exp = ref_nms(boxes, scores, max_out, iou, score_thr, center)
+    np.testing.assert_array_equal(run_nms(boxes, scores, max_out, iou, score_thr, center, device), exp)
+    if device == "cpu":
+        np.testing.assert_array_equal(
+            run_nms(boxes, scores, max_out, iou, score_thr, center, device, blocks=True), exp)
+
+
+@pytest.mark.parametrize("nb,nc,n", [(1, 1, 300), (2, 3, 120), (1, 2, 1), (3, 1, 9)])
+@pytest.mark.parametrize("max_out", [1, 7, 60, 10000])
+@pytest.mark.parametrize("iou", [0.0, 0.25, 0.5, 0.9])
+def test_random_overlapping(device, rng, nb, nc, n, max_out, iou):
+    boxes = boxes_of(rng, nb, n, 60.0, 3, 25)
+    scores = rng.random((nb, nc, n)).astype(np.float32)
+    scores[..., ::5] = 0.5  # ties
+    check_nms(boxes, scores, max_out, iou, device=device)
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize("score_thr", [None, 0.3, 0.99, -1.0])
+def test_score_threshold_and_center(device, rng, center, score_thr):
+    boxes = boxes_of(rng, 2, 200, 50.0, 2, 20, center=center)
+    scores = (rng.integers(0, 20, (2, 3, 200)) / 20).astype(np.float32)  # many ties
+    check_nms(boxes, scores, 30, 0.4, score_thr, center, device)
+
+
+@pytest.mark.parametrize("iou", [0.5, 1 / 3, 0.25, 0.0, 1.0])
+def test_boundary_ious_on_a_grid(device, rng, iou):
+    # integer boxes on a small grid: many pairs have IoU exactly at the threshold,
+    # which must not suppress (strict >, compared in float32)
+    boxes = boxes_of(rng, 1, 250, 12.0, 1, 6, grid=True)
+    scores = rng.random((1, 2, 250)).astype(np.float32)
+    check_nms(boxes, scores, 250, iou, device=device)
+
+
+def test_exact_threshold_pair(device):
+    two = np.array([[[0, 0, 2, 2], [0, 0, 2, 1], [0, 0, 1, 2]]], np.float32)  # IoU 1/2 each with box 0
+    scores = np.array([[[0.9, 0.8, 0.7]]], np.float32)
+    for iou in (0.5, np.nextafter(np.float32(0.5), np.float32(0))):
+        check_nms(two, scores, 3, iou, device=device)
+
+
+def test_many_candidates_suppressed_needs_more_chunks(device, rng):
+    # dense clusters: most candidates are suppressed, so the first chunk (about 1.25 x
+    # max_output) is not enough and later chunks are swept with the boxes selected so far
+    centers = rng.uniform(0, 400, (40, 2))
+    pick = rng.integers(0, 40, 900)
+    xy = centers[pick] + rng.normal(0, 1.5, (900, 2))
+    boxes = np.concatenate([xy, xy + 20], 1)[None].astype(np.float32)
+    scores = rng.random((1, 1, 900)).astype(np.float32)
+    for max_out in (30, 45, 900):
+        check_nms(boxes, scores, max_out, 0.5, device=device)
+
+
+def test_chain_of_suppressions(device):
+    # each box overlaps the next by IoU > 0.5: the greedy keeps every other box
+    n = 40
+    x = np.arange(n, dtype=np.float32) * 3
+    boxes = np.stack([np.zeros(n), x, np.full(n, 10), x + 10], 1)[None].astype(np.float32)
+    scores = np.linspace(1, 0.1, n, dtype=np.float32)[None, None]
+    check_nms(boxes, scores, n, 0.5, device=device)
+    check_nms(boxes, scores, 5, 0.5, device=device)
+
+
+def test_many_edges_fixed_point(device, rng):
+    # nearly identical boxes: more than 4096 suppression edges inside one chunk, resolved
+    # by the matrix fixed point instead of the edge loop
+    xy = rng.uniform(0, 3, (300, 2))
+    boxes = np.concatenate([xy, xy + 30], 1)[None].astype(np.float32)
+    scores = rng.random((1, 1, 300)).astype(np.float32)
+    check_nms(boxes, scores, 300, 0.7, device=device)
+    check_nms(boxes, scores, 300, 0.95, device=device)
+
+
+def test_tall_boxes_and_degenerate(device, rng):
+    boxes = boxes_of(rng, 1, 150, 80.0, 2, 15)
+    boxes[0, ::10, 0] = -1000  # a few very tall boxes: long sweep windows
+    boxes[0, ::10, 2] = 1000
+    boxes[0, 5::17, 2] = boxes[0, 5::17, 0]  # zero height: never suppresses
+    boxes[0, 6::17, 3] = boxes[0, 6::17, 1]  # zero width
+    boxes[0, 7] = boxes[0, 8]  # identical boxes
+    boxes[0, 9] = [5, 5, 5, 5]  # a point
+    boxes[0, 11] = [5, 5, 5, 5]
+    scores = rng.random((1, 1, 150)).astype(np.float32)
+    check_nms(boxes, scores, 150, 0.3, device=device)
+    check_nms(boxes, scores, 150, 0.0, device=device)
+
+
+def test_nan_scores_and_boxes(device, rng):
+    boxes = boxes_of(rng, 1, 120, 40.0, 3, 20)
+    boxes[0, 3] = np.nan
+    boxes[0, 4, 2] = np.nan
+    scores = rng.random((1, 2, 120)).astype(np.float32)
+    scores[0, 0, [2, 9, 50]] = np.nan  # sorted last (no threshold) or invalid (threshold)
+    scores[0, 1, 3] = 2.0  # the NaN box first
+    with np.errstate(invalid="ignore"):
+        check_nms(boxes, scores, 120, 0.3, device=device)
+        check_nms(boxes, scores, 10, 0.3, device=device)
+        check_nms(boxes, scores, 120, 0.3, 0.2, device=device)
+
+
+def test_signed_zero_and_infinite_scores(device, rng):
+    boxes = boxes_of(rng, 1, 60, 30.0, 3, 15)
+    scores = rng.random((1, 1, 60)).astype(np.float32)
+    scores[0, 0, ::3] = 0.0
+    scores[0, 0, 1::6] = -0.0  # equal to 0.0: ties by index
+    scores[0, 0, 2::11] = np.inf
+    scores[0, 0, 4::13] = -np.inf
+    check_nms(boxes, scores, 60, 0.2, device=device)
+    check_nms(boxes, scores, 25, 0.2, device=device)
+
+
+def test_empty_and_zero_outputs(device, rng):
+    boxes = boxes_of(rng, 2, 30, 30.0, 3, 15)
+    scores = rng.random((2, 2, 30)).astype(np.float32)
+    assert run_nms(boxes, scores, 0, 0.5, device=device).shape == (0, 3)
+    assert run_nms(boxes, scores, 5, 0.5, 1.5, device=device).shape == (0, 3)  # nothing above threshold
+    empty = run_nms(np.zeros((2, 0, 4), np.float32), np.zeros((2, 2, 0), np.float32), 5, 0.5, device=device)
+    assert empty.shape == (0, 3)
+    check_nms(boxes, scores, 1, 0.5, device=device)
+    # only some pairs have a valid box
+    scores[0, 1] = 0.0
+    scores[1, 0] = 0.0
+    check_nms(boxes, scores, 4, 0.5, 0.1, device=device)
+
+
+def test_workspace_limit_falls_back_to_blocks(device, rng, tuning):
+    tuning({"nms.pair_budget": 50})
+    boxes = boxes_of(rng, 2, 200, 40.0, 3, 20)
+    scores = rng.random((2, 2, 200)).astype(np.float32)
+    check_nms(boxes, scores, 40, 0.3, device=device)
+
+
+def test_many_pairs_use_blocks(device, rng, tuning):
+    tuning({"nms.host_pairs": 2})
+    k = NonMaxSuppression(KernelContext(device, options={"paths": "auto"}))
+    boxes = boxes_of(rng, 2, 80, 40.0, 3, 20)
+    scores = rng.random((2, 3, 80)).astype(np.float32)
+    y = k(boxes, scores, np.int64(20), np.float32(0.3), np.float32(0.2))
+    np.testing.assert_array_equal(y.numpy(), ref_nms(boxes, scores, 20, 0.3, 0.2, 0))
+
+
+def test_non_contiguous_inputs(device, rng):
+    boxes = boxes_of(rng, 1, 100, 40.0, 3, 20)
+    big = np.zeros((1, 100, 8), np.float32)
+    big[..., ::2] = boxes
+    scores = rng.random((1, 2, 100)).astype(np.float32)
+    check_nms(big[..., ::2], scores[:, ::-1], 30, 0.4, device=device)
+
+
+@pytest.mark.parametrize("budget", [None, 3000])
+def test_later_chunks_against_many_selected(device, rng, monkeypatch, tuning, budget):
+    """Candidates of later chunks checked against the boxes selected before them
+    (detection._cross_hits: a y-window per candidate, pairs in groups of at most
+    nms.pair_budget); with tall, zero-height and NaN boxes among them."""
+    if budget:
+        tuning({"nms.pair_budget": budget})
+    calls = []
+    real = detection._cross_hits
+    monkeypatch.setattr(detection, "_cross_hits", lambda *a: calls.append(a[0].shape[1]) or real(*a))
+    boxes = boxes_of(rng, 1, 900, 120.0, 2, 30)
+    boxes[0, 7::53, 2] = boxes[0, 7::53, 0] + 100  # tall
+    boxes[0, 5::41, 2] = boxes[0, 5::41, 0]  # zero height
+    boxes[0, ::37, 1] = np.nan
+    scores = rng.random((1, 2, 900)).astype(np.float32)
+    check_nms(boxes, scores, 300, 0.3, device=device)
+    if device == "cpu":
+        assert calls and max(calls) > 100  # later chunks met over a hundred selected boxes

@@ -8,14 +8,10 @@ import importlib
 
 import numpy as np
 
-from ...host import parallel_ranges
+from ...host import parallel_ranges, tuning
 from ..specialize import specialize
 
 # ---------------------------------------------------------------- blocked evaluation
-
-# elements per block: the chain's float32 temporaries (256 KiB each) stay in L2; 4x the
-# former 1 << 14, whose per-call overhead made Mish on 8M elements 1.7x slower
-_BLOCK = 1 << 16
 
 
 def _specialized(kernel, site: str, *args):
@@ -40,20 +36,22 @@ def blockwise(xp, fn, x, out_dtype=None, *others, kernel=None):
 
 
 @specialize("Elementwise.blocks", device="cpu", ops=("Erf",),
-            when=lambda fn, x, out_dtype=None, *others: x.size > 4 * _BLOCK)
+            when=lambda fn, x, out_dtype=None, *others: x.size > 4 * tuning.value("elementwise.block_elems"))
 def _blockwise_host(fn, x, out_dtype=None, *others):
-    """fn over blocks of _BLOCK elements (independent blocks over the host threads)."""
+    """fn over blocks of elementwise.block_elems (host/tuning.py) elements, independent
+    blocks over the host threads (8 blocks or more per thread)."""
+    block = tuning.value("elementwise.block_elems")
     out_dtype = np.dtype(out_dtype) if out_dtype is not None else x.dtype
     flat = np.ascontiguousarray(x).reshape(-1)
     oflat = [np.ascontiguousarray(o).reshape(-1) for o in others]
     out = np.empty(flat.size, out_dtype)
 
     def blocks(lo, hi):
-        for s in range(lo, hi, _BLOCK):
-            e = min(hi, s + _BLOCK)
+        for s in range(lo, hi, block):
+            e = min(hi, s + block)
             out[s:e] = fn(flat[s:e], *(o[s:e] for o in oflat))
 
-    parallel_ranges(flat.size, 8 * _BLOCK, blocks)
+    parallel_ranges(flat.size, 8 * block, blocks)
     return out.reshape(x.shape)
 
 

@@ -18,7 +18,7 @@ import string
 
 import numpy as np
 
-from ...xp import pooled_empty
+from ...host import pooled_empty
 from ..base import KernelBase, register
 from ._mathcommon import contiguous
 

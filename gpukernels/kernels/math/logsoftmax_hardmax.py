@@ -13,8 +13,9 @@ import numpy as np
 
 from ..base import register
 from ..specialize import specialize
-from ...xp import host_empty
-from .softmax import _HOST_BLOCK, RowwiseKernel, host_row_blocks, row_ones, row_sums
+from ...host import host_empty
+from ...host import tuning
+from .softmax import RowwiseKernel, host_row_blocks, row_ones, row_sums
 
 
 def _log_softmax_rows_host(x2):
@@ -36,7 +37,8 @@ def _log_softmax_rows_host(x2):
 
 
 @specialize("LogSoftmax.along", device="cpu", ops=("LogSoftmax",),
-            when=lambda x, axis: x.dtype.kind == "f" and x.size >= _HOST_BLOCK and x.ndim == axis + 1,
+            when=lambda x, axis: (x.dtype.kind == "f" and x.ndim == axis + 1
+                                  and x.size >= tuning.value("softmax.host_block_elems")),
             agreement="rtol 1e-6 (float32): row sums as dot products with ones")
 def _log_softmax_last_axis_host(x, axis):
     n = x.shape[axis]

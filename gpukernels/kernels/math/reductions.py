@@ -25,12 +25,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...dtypes import DataType
-from ...xp import parallel_ranges
+from ...host import tuning
+from ...host import parallel_ranges
 from ..base import KernelBase, register
 from ..specialize import specialize
 from ._mathcommon import contiguous, highest, lowest, normalize_axes, normalize_axis
-
-_THREAD_MIN = 1 << 18  # input elements per host thread before a reduction is split
 
 # first version whose axes come as an input
 _AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -245,8 +244,8 @@ _REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceProd", "ReduceMax", "ReduceMin"
 
 
 @specialize("Reduce.rows", device="cpu", ops=_REDUCE_OPS,
-            when=lambda kernel, x, red, count: (min(red) > 0 and x.size >= 2 * _THREAD_MIN
-                                                and x.flags.c_contiguous))
+            when=lambda kernel, x, red, count: (min(red) > 0 and x.flags.c_contiguous
+                                                and x.size >= 2 * tuning.value("reduce.thread_items")))
 def _reduce_rows_host(kernel, x, red, count):
     """kernel.reduce, split over the leading non-reduced axes on host threads.  Every
     output element is reduced by the same NumPy loop over the same elements as in one
@@ -260,7 +259,7 @@ def _reduce_rows_host(kernel, x, red, count):
     def run(lo, hi):
         parts[lo] = kernel.reduce(np, rows[lo:hi], axes, count)
 
-    parallel_ranges(outer, max(1, _THREAD_MIN // max(1, x.size // outer)), run)
+    parallel_ranges(outer, max(1, tuning.value("reduce.thread_items") // max(1, x.size // outer)), run)
     if len(parts) == 1:
         y = parts[0]
     else:
@@ -268,14 +267,11 @@ def _reduce_rows_host(kernel, x, red, count):
     return y.reshape(x.shape[:lead] + y.shape[1:])
 
 
-_PICK_THREAD_ITEMS = 1 << 20  # input elements per host thread before an arg-reduction is split
-
-
 @specialize("ArgMax.pick", device="cpu", ops=("ArgMax", "ArgMin"),
-            when=lambda pick, x, axis: x.ndim >= 2 and x.size >= 2 * _PICK_THREAD_ITEMS)
+            when=lambda pick, x, axis: x.ndim >= 2 and x.size >= 2 * tuning.value("arg_reduce.thread_items"))
 def _host_pick(pick, x, axis):
     """pick(np, x, axis), with the slices of another axis split over host threads (each
-    thread gets _PICK_THREAD_ITEMS elements or more)."""
+    thread gets arg_reduce.thread_items elements or more: host/tuning.py)."""
     split = 0 if axis != 0 else 1
     out_shape = x.shape[:axis] + x.shape[axis + 1:]
     out = np.empty(out_shape, np.intp)
@@ -289,7 +285,7 @@ def _host_pick(pick, x, axis):
         dst[out_axis] = slice(lo, hi)
         out[tuple(dst)] = pick(np, x[tuple(src)], axis)
 
-    parallel_ranges(n, max(1, -(-_PICK_THREAD_ITEMS // max(1, x.size // n))), part)
+    parallel_ranges(n, max(1, -(-tuning.value("arg_reduce.thread_items") // max(1, x.size // n))), part)
     return out
 
 

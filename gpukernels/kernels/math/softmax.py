@@ -18,19 +18,18 @@ import threading
 
 import numpy as np
 
-from ...xp import host_blocks, host_empty, parallel_ranges
+from ...host import tuning
+from ...host import host_blocks, host_empty, parallel_ranges
 from ..base import KernelBase, register
 from ..specialize import specialize
 
 # ----------------------------------------------------------------------------- softmax
 
-# On the host, whole slices along the axis are processed in blocks of about this many
-# elements, so that every pass runs in cache and the input and output cross memory once.
-_HOST_BLOCK = 1 << 16
-# Rows of the host row path: blocks of about this many elements (4 MiB of float32).  Each
-# block costs a few NumPy calls of fixed overhead; blocks past L2 measured 15-20% faster
-# than L2-sized ones (1 << 17) on Softmax 32x512x3072, where that overhead dominated
-_ROW_BLOCK = 1 << 20
+# Tuning (host/tuning.py): on the host, whole slices along the axis are processed in
+# blocks of about softmax.host_block_elems elements, so that every pass runs in cache and
+# the input and output cross memory once; the row path takes blocks of about
+# softmax.row_block_elems elements (4 MiB of float32: each block costs a few NumPy calls
+# of fixed overhead).
 # Row sums as BLAS dot products with ones (2-3x faster than np.add.reduce in cache) up to
 # this row length, where their float32 accumulation stays within ~2 ulp; pairwise beyond.
 _DOT_SUM_MAX = 1 << 13
@@ -87,8 +86,8 @@ def _softmax_rows_block(xb, ob, ones, shifted: bool) -> bool:
 
 def host_row_blocks(R: int, n: int, fn) -> None:
     """fn(a, b) over blocks of rows [a, b) of an (R, n) host problem, each block about
-    _ROW_BLOCK elements (so that its passes run in L2), over the host threads."""
-    host_blocks(R, max(1, _ROW_BLOCK // max(1, n)), fn)
+    softmax.row_block_elems elements, over the host threads."""
+    host_blocks(R, max(1, tuning.value("softmax.row_block_elems") // max(1, n)), fn)
 
 
 def _inner(x, axis: int) -> int:
@@ -97,11 +96,12 @@ def _inner(x, axis: int) -> int:
 
 def _slice_step(x, axis: int) -> int:
     """Whole slices along axis per host block."""
-    return max(1, _HOST_BLOCK // max(1, x.shape[axis] * _inner(x, axis)))
+    return max(1, tuning.value("softmax.host_block_elems") // max(1, x.shape[axis] * _inner(x, axis)))
 
 
 @specialize("Softmax.along", device="cpu", ops=("Softmax",),
-            when=lambda x, axis: _inner(x, axis) == 1 and x.dtype.kind == "f" and x.size >= _HOST_BLOCK,
+            when=lambda x, axis: (_inner(x, axis) == 1 and x.dtype.kind == "f"
+                                  and x.size >= tuning.value("softmax.host_block_elems")),
             agreement="rtol 1e-6 (float32): exp(x) / sum without the max shift where that is safe")
 def _softmax_last_axis_host(x, axis):
     """Softmax of rows along the last (non-trivial) axis: row blocks in cache over the host

@@ -23,9 +23,10 @@ identity of the attribute values (the runtime passes the same objects on every r
 direct caller that edits an attribute list in place between calls must pass a new list
 (or use a new kernel object).  Leaf contributions are reduced through a dense [node,
 target] table of leaf values (one gather and one sum/min/max over the trees) when it
-holds at most _DENSE_MAX entries, else scattered per contribution slot.  Measured on a
-2-core host: TreeEnsembleClassifier, 64 rows x 20 trees of depth 6, Session.run 1.7 ms
--> 0.3 ms (the attribute parsing that every call repeated was 0.75 ms of it).
+holds at most tree.dense_max_entries (host/tuning.py) entries, else scattered per
+contribution slot.  Measured on a 2-core host: TreeEnsembleClassifier, 64 rows x 20
+trees of depth 6, Session.run 1.7 ms -> 0.3 ms (the attribute parsing that every call
+repeated was 0.75 ms of it).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...host import tuning
 from ...tensor import Tensor
 from ...xp import scatter_reduce
 from ..base import KernelBase, register
@@ -47,10 +49,9 @@ LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF = range(8)
 _MODE_NAMES = {"BRANCH_LEQ": LEQ, "BRANCH_LT": LT, "BRANCH_GTE": GTE, "BRANCH_GT": GT, "BRANCH_EQ": EQ,
                "BRANCH_NEQ": NEQ, "BRANCH_MEMBER": MEMBER, "LEAF": LEAF}
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
-# (sample, tree) pairs per evaluation chunk, by the context's device_kind: a tuning choice
-# (the host keeps a chunk's gathers in cache; a GPU wants few, large launches)
-_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 22}
-_DENSE_MAX = 1 << 21  # largest [node, target] table of leaf values (16 MiB of float64)
+# Tuning (host/tuning.py): (sample, tree) pairs per evaluation chunk by the context's
+# device_kind (tree.chunk_pairs_cpu / _cuda); the largest [node, target] table of leaf
+# values (tree.dense_max_entries).
 
 
 @dataclass
@@ -217,9 +218,9 @@ class Forest:
         """(values [M, n_targets] float64, hit [M, n_targets] bool or None) on the
         device: each node's contribution per target (the sum of its entries; for MIN /
         MAX their min / max, +-inf where none, with hit marking where some), or None
-        when the table would exceed _DENSE_MAX entries.  Cached per namespace."""
+        when the table would exceed tree.dense_max_entries.  Cached per namespace."""
         m, nt = self.feature.size, self.n_targets
-        if m * nt > _DENSE_MAX:
+        if m * nt > tuning.value("tree.dense_max_entries"):
             return None
         cache = getattr(self, "_dense", None)
         if cache is None or cache[0] is not xp:
@@ -263,7 +264,7 @@ class Forest:
         """Per-target aggregate over the trees: [N, n_targets] float64; a target no leaf
         contributed to is 0.  Evaluated in chunks of rows sized for kernel's device."""
         xp = kernel.xp
-        pairs = _CHUNK[kernel.ctx.device_kind]
+        pairs = tuning.value(f"tree.chunk_pairs_{kernel.ctx.device_kind}")
         n = x.shape[0]
         nt = self.n_targets
         t = max(self.roots.size, 1)

@@ -20,7 +20,8 @@ import threading
 
 import numpy as np
 
-from ...xp import host_empty, parallel_ranges
+from ...host import tuning
+from ...host import host_empty, parallel_ranges
 from ..specialize import specialize
 
 
@@ -32,15 +33,11 @@ def _clip(xp, x, clip):
 # small-matrix kernel) and hands larger ones to its thread pool.  For the many tiny
 # products of a recurrence that hand-off costs more than it saves, it stalls for whole
 # scheduler slices when the other core is busy, and the pool's workers then spin for
-# ~0.1 s; so the host splits a step product into row blocks under that size, run by one
-# batched matmul call in the calling thread.
-_SMALL_PRODUCT = 1 << 19
-_MIN_BLOCK_ROWS = 16
-_PROJ_COLS = 128  # columns (steps x batch) of one chunk of the input projection
-# columns of one product inside a chunk: with 2**19 multiply-adds per block, 32 columns
-# (blocks of 64 rows for 256 inputs) ran 15-20% faster than 128 columns of 16 rows
-_SUB_COLS = 32
-_SCRATCH_BYTES = 1 << 16  # host scratch of this size or more comes from the reusable pool
+# ~0.1 s; so the host splits a step product into row blocks under that size
+# (lstm.small_product, of at least lstm.min_block_rows rows), run by one batched matmul
+# call in the calling thread.  The input projection runs in chunks of about
+# lstm.projection_cols columns (steps x batch), as products of lstm.sub_cols columns;
+# scratch from lstm.pooled_scratch_bytes on comes from the reusable pool (host/tuning.py).
 
 
 def _scratch(xp, shape, dtype):
@@ -48,7 +45,7 @@ def _scratch(xp, shape, dtype):
     costs page faults on every call).  Not for the helper thread's chunk buffers: the
     pool's bookkeeping runs in Python, holding the GIL that the recurrence needs between
     its NumPy calls (measured 5-10% slower steps)."""
-    return host_empty(shape, dtype, min_bytes=_SCRATCH_BYTES)
+    return host_empty(shape, dtype, min_bytes=tuning.value("lstm.pooled_scratch_bytes"))
 
 
 class _StepProduct:
@@ -59,15 +56,17 @@ class _StepProduct:
     @staticmethod
     def single_threaded(M, K, N) -> bool:
         """Whether the host runs an (M, K) @ (K, N) step product in the calling thread."""
-        return M * K * N <= _SMALL_PRODUCT or _SMALL_PRODUCT // max(1, K * N) >= _MIN_BLOCK_ROWS
+        small = tuning.value("lstm.small_product")
+        return M * K * N <= small or small // max(1, K * N) >= tuning.value("lstm.min_block_rows")
 
     def __init__(self, xp, A, N):
         self.xp = xp
         M, K = A.shape
         self.M = M
         self.blocks = None
-        if M * K * N > _SMALL_PRODUCT and self.single_threaded(M, K, N):
-            rows = _SMALL_PRODUCT // max(1, K * N)
+        small = tuning.value("lstm.small_product")
+        if M * K * N > small and self.single_threaded(M, K, N):
+            rows = small // max(1, K * N)
             nb = -(-M // rows)
             rows = -(-M // nb)
             self.blocks = (nb, rows)
@@ -172,7 +171,7 @@ class _ChunkedProjection:
     the order the recurrence reads them (see _chunk_bounds), and the copies of finished
     chunks of h into Y.
 
-    A chunk is (4H, I) @ (I, sub * N) products (about _SUB_COLS columns: a more efficient
+    A chunk is (4H, I) @ (I, sub * N) products (about lstm.sub_cols columns: a more efficient
     shape than the N columns of a step) in single-threaded row blocks of W, stored
     step-major (T, 4H, N) with the bias added in the same pass, so that the recurrence
     adds a contiguous (4H, N) block per step.  A helper thread runs produce() alongside
@@ -183,7 +182,7 @@ class _ChunkedProjection:
 
     @staticmethod
     def steps_per_chunk(N) -> int:
-        return max(1, min(16, _PROJ_COLS // max(1, N)))
+        return max(1, min(16, tuning.value("lstm.projection_cols") // max(1, N)))
 
     @staticmethod
     def worth_it(product, p):
@@ -193,11 +192,13 @@ class _ChunkedProjection:
         S, N, I = xsni.shape
         M = w.shape[0]
         self.T = T = self.steps_per_chunk(N)
-        self.sub = max(1, _SUB_COLS // max(1, N))  # steps per product inside a chunk
+        self.sub = max(1, tuning.value("lstm.sub_cols") // max(1, N))  # steps per product inside a chunk
         self.w = np.ascontiguousarray(w)
         self.bias = None if bias is None else bias.reshape(M, 1)
         self.xsni = xsni
         self.S, self.N, self.M = S, N, M
+        self.small = tuning.value("lstm.small_product")
+        self.min_rows = tuning.value("lstm.min_block_rows")
         self.bounds = _chunk_bounds(S, T, reverse)
         n = len(self.bounds)
         self.inputs = _SharedTasks(n, self._project)
@@ -228,7 +229,7 @@ class _ChunkedProjection:
         xt = np.empty((ns, I, cols), dtype=w.dtype)  # x^T of each product's steps
         np.copyto(xt, self.xsni[t0:t0 + ns * sub].reshape(ns, cols, I).transpose(0, 2, 1))
         out = np.empty((ns, M, cols), dtype=w.dtype)
-        rows = max(_MIN_BLOCK_ROWS, _SMALL_PRODUCT // max(1, I * cols))
+        rows = max(self.min_rows, self.small // max(1, I * cols))
         full = (M // rows) * rows
         if full:  # W's row blocks broadcast against the ns right operands
             np.matmul(w[:full].reshape(1, -1, rows, I), xt[:, None],
@@ -441,7 +442,7 @@ def lstm_host(kernel, p, acts, clip, coupled):
     want_y = kernel.wants_output(0)
     y_shape = (S, D, N, H) if p["layout"] == 0 else (N, S, D, H)
     # every (time, direction) slot is written once (zeros past a sequence's length)
-    Y = host_empty(y_shape, cdt, min_bytes=1 << 16) if want_y else None
+    Y = host_empty(y_shape, cdt, min_bytes=tuning.value("lstm.pooled_scratch_bytes")) if want_y else None
     xc = kernel.to_compute(p["x"], cdt)
     xsni = xc.transpose(1, 0, 2) if p["layout"] == 1 else xc  # X as (S, N, I)
     runs = [_LSTMDirection(xp, kernel, p, d, reverse, acts[d], fused[d], clip, coupled, cdt,
@@ -502,7 +503,7 @@ def _scaled(a, scale):
     a copy when any is scaled."""
     if all(s is None for s in scale):
         return a
-    out = host_empty(a.shape, a.dtype, min_bytes=1 << 16)
+    out = host_empty(a.shape, a.dtype, min_bytes=tuning.value("lstm.pooled_scratch_bytes"))
     for d, s in enumerate(scale):
         if s is None:
             out[d] = a[d]

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...xp import host_empty, parallel_ranges
+from ...host import tuning
+from ...host import host_empty, parallel_ranges
 from ..specialize import specialize
 from . import _spatial as sp
 
-DENSE_BLOCK_BYTES = 1 << 20  # a block and its scratch copies (measured best at 0.5-1 MiB)
-# input bytes per thread before splitting over threads (high: see _conv_host.py)
-DENSE_THREAD_BYTES = 1 << 25
-# host arrays from this size on come from the reusable pool (fresh ones cost page faults)
-POOLED_BYTES = 64 * 1024
+# Tuning (host/tuning.py): blocks of pool.host_block_bytes (a block and its scratch
+# copies), pool.host_thread_bytes of input per thread, host arrays from
+# pool.pooled_bytes on from the reusable pool (fresh ones cost page faults).
 
 
 def _axis_plan(S, O, s, offsets):
@@ -119,9 +118,10 @@ def pool_strided(x2, geo, op, fill):
         return None
     NC = x2.shape[0]
     dtype = x2.dtype
-    out = host_empty((NC,) + tuple(O), dtype, POOLED_BYTES)
+    pooled = tuning.value("pool.pooled_bytes")
+    out = host_empty((NC,) + tuple(O), dtype, pooled)
     per = max(1, sp.prod(S) * dtype.itemsize)
-    step = min(NC, max(1, DENSE_BLOCK_BYTES // per))
+    step = min(NC, max(1, tuning.value("pool.host_block_bytes") // per))
     order = sorted(range(n_sp - 1), key=lambda d: O[d] / max(1, S[d])) + [n_sp - 1]
     s_last = geo.strides[-1]
     flat_last = S[-1] % s_last == 0 and O[-1] <= S[-1] // s_last
@@ -136,10 +136,10 @@ def pool_strided(x2, geo, op, fill):
 
     def run(lo, hi):
         # scratch buffers per thread, reused by each of its blocks
-        bufs = [host_empty(step * sp.prod(sh), dtype, POOLED_BYTES) for sh in shapes[:-1]]
+        bufs = [host_empty(step * sp.prod(sh), dtype, pooled) for sh in shapes[:-1]]
         last_buf = None
         if flat_last and O[-1] != last_q[-1]:
-            last_buf = host_empty(step * sp.prod(last_q), dtype, POOLED_BYTES)
+            last_buf = host_empty(step * sp.prod(last_q), dtype, pooled)
         for a in range(lo, hi, step):
             b = min(hi, a + step)
             cur = x2[a:b]
@@ -160,5 +160,5 @@ def pool_strided(x2, geo, op, fill):
                     _strided_axis(op, cur, d + 1, s_last, offsets[d], plans[d], fill, out[a:b])
 
     # independent channel blocks over the host threads
-    parallel_ranges(NC, max(step, -(-DENSE_THREAD_BYTES // per)), run)
+    parallel_ranges(NC, max(step, -(-tuning.value("pool.host_thread_bytes") // per)), run)
     return out

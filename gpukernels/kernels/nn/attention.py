@@ -44,6 +44,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...host import tuning
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ..specialize import specialize
@@ -395,14 +396,11 @@ class Attention(KernelBase):
 
 
 # ---------------------------------------------------------------------- host fast path
-# Work on blocks of at most this many score bytes (or attention_block_bytes when
-# smaller): about one 512 x 512 head, so that 2**s and the row sums run in cache
-# (BLAS is called once per head either way).
-_HOST_BLOCK_BYTES = 1 << 20
-# Causal attention: query rows per block (each block multiplies only the keys it sees).
-_HOST_CAUSAL_ROWS = 128
-# Query rows per KV head at or below which scores are computed as K @ q^T (decoding).
-_FEW_ROWS = 8
+# Tuning (host/tuning.py): blocks of at most attention.host_block_bytes score bytes (or
+# attention_block_bytes when smaller), about one 512 x 512 head, so that 2**s and the row
+# sums run in cache (BLAS is called once per head either way); causal attention in blocks
+# of attention.host_causal_rows query rows (each multiplies only the keys it sees);
+# scores as K @ q^T (decoding) up to attention.few_rows query rows per KV head.
 # 2**s without the row-max shift is kept when every row sum lands in this range (no
 # term overflowed, the largest term is a normal number) and E @ V is finite; otherwise
 # the block is redone with the shift.
@@ -428,7 +426,7 @@ def _host_plain(p, mask, want_qk, cdt) -> bool:
 def _host_attention(kernel, p, cdt, Qc, Kc, Vc, Y):
     """Y (B, Hq, Sq, Dv) of a plain call on the host, by _HostAttention."""
     budget = int(kernel.ctx.option("attention_block_bytes", _DEFAULT_BLOCK_BYTES))
-    _HostAttention(p, cdt, min(budget, _HOST_BLOCK_BYTES)).run(Qc, Kc, Vc, Y)
+    _HostAttention(p, cdt, min(budget, tuning.value("attention.host_block_bytes"))).run(Qc, Kc, Vc, Y)
 
 
 class _HostAttention:
@@ -460,6 +458,8 @@ class _HostAttention:
         self.cdt = cdt
         self.scale2 = cdt.type(p["scale"] * _LOG2E)
         self.block_bytes = block_bytes
+        self.causal_rows = tuning.value("attention.host_causal_rows")
+        self.few_rows = tuning.value("attention.few_rows")
         self.work = None  # score workspace, flat; allocated by run()
         self.qbuf = None  # scaled query rows of a block, flat
         self.ones = None  # (T, 1) ones: row sums as a matrix product
@@ -467,8 +467,8 @@ class _HostAttention:
     def _blocks(self):
         """(query rows per block, KV heads per block)."""
         G, Sq, T, isz = self.G, self.Sq, self.T, self.cdt.itemsize
-        if self.causal and Sq > _HOST_CAUSAL_ROWS:
-            n = _HOST_CAUSAL_ROWS
+        if self.causal and Sq > self.causal_rows:
+            n = self.causal_rows
         else:
             n = max(1, min(Sq, self.block_bytes // max(1, G * T * isz)))
         hb = max(1, min(self.Hkv, self.block_bytes // max(1, G * n * T * isz)))
@@ -490,7 +490,7 @@ class _HostAttention:
         Y5 = Y.reshape(B, Hkv, G, Sq, self.Dv)
         tot = np.empty((B, Hkv, G, Sq, 1), dtype=self.cdt)  # row sums of 2**s
         n, hb = self._blocks()
-        if G * n > _FEW_ROWS:  # the few-rows path (decoding) makes its own small arrays
+        if G * n > self.few_rows:  # the few-rows path (decoding) makes its own small arrays
             self.work = np.empty(hb * G * n * self.T, dtype=self.cdt)
             self.qbuf = np.empty(hb * G * n * self.D, dtype=self.cdt)
         self.ones = np.ones((self.T, 1), dtype=self.cdt)
@@ -518,7 +518,7 @@ class _HostAttention:
         h, G, n, D = q.shape
         Tb = min(self.T, r1 + self.offset) if self.causal else self.T  # keys the block sees
         Kb = K[:, :Tb]
-        if G * n <= _FEW_ROWS:  # decoding: K @ q^T runs as a fast matrix-vector-like product
+        if G * n <= self.few_rows:  # decoding: K @ q^T runs as a fast matrix-vector-like product
             qs = np.multiply(q, self.scale2).reshape(h, G * n, D)
             st = np.matmul(Kb, qs.transpose(0, 2, 1).copy())  # (h, Tb, G*n)
             s = np.ascontiguousarray(st.transpose(0, 2, 1))

@@ -23,8 +23,9 @@ import math
 
 import numpy as np
 
+from ...host import tuning
 from ...limits import check_allocation
-from ...xp import host_empty
+from ...host import host_empty
 from ..base import KernelBase, register
 from ..specialize import specialize
 from . import _spatial as sp
@@ -111,10 +112,7 @@ def conv_transpose_forward(kernel, x, w, b, group, strides, dilations, pads, out
 # whole padded rows ("wide" rows of Wb = Qw + span columns) so one shift is one contiguous
 # window of the flattened plane; the span extra columns per row are computed and dropped.
 
-# host costs in GEMM multiply-adds (measured on the 2-core AVX-512 host, float32):
-_PHASE_SCATTER_COST = 60  # one strided col2im add of the old path (stride > 1)
-_PHASE_SCATTER_COST_S1 = 35  # ... with every stride 1 (contiguous adds)
-_PHASE_WEIGHT_COST = 150  # one element of the phase weight matrix (built on every call)
+# host costs in GEMM multiply-adds: conv_transpose.phase_* in host/tuning.py
 
 
 def _phase_axis(k, s, d, pb, out):
@@ -158,8 +156,9 @@ def _phase_applies(x, w, b, group, strides, dilations, pads, out_shape):
         slots *= len(ax["phases"]) * ax["n_shift"]
         pixels *= ax["Q"] + (ax["span"] if i == n_sp - 1 else 0)
     N, Cg = x.shape[0], x.shape[1] // group
-    phase = Cg * slots * (N * pixels + _PHASE_WEIGHT_COST)
-    add = _PHASE_SCATTER_COST if any(s > 1 for s in strides) else _PHASE_SCATTER_COST_S1
+    phase = Cg * slots * (N * pixels + tuning.value("conv_transpose.phase_weight_cost"))
+    add = tuning.value("conv_transpose.phase_scatter_cost" if any(s > 1 for s in strides)
+                       else "conv_transpose.phase_scatter_cost_s1")
     scatter = sp.prod(K) * N * sp.prod(x.shape[2:]) * (Cg + add)
     return phase <= scatter
 
@@ -180,11 +179,6 @@ def _phase_weights(w, group, ay, ax):
             ux, px = ax["shift_of_tap"][kx], ax["phase_of_tap"][kx]
             wc[:, uy, ux, :, py, px] = wt[:, ky * kw + kx]
     return wc.reshape(group, Uy * Ux * Cg, Py * Px * Mg)
-
-
-# scratch of this size or more comes from the reusable host buffer pool: a fresh
-# multi-MB temporary on every call costs page faults comparable to the GEMM
-_SCRATCH_POOL_BYTES = 1 << 18
 
 
 def _phase_chunks(N, Q, bytes_per_row):
@@ -233,13 +227,16 @@ def _host_phase_forward(x, w, b, group, strides, dilations, pads, out_shape):
     y5 = y.reshape(N, group, Mg, Ho, Wo)
     b5 = None if b is None else b.reshape(1, group, Mg, 1, 1)
     sN, sC = block.strides[:2]
+    # scratch from the reusable host buffer pool: a fresh multi-MB temporary on every
+    # call costs page faults comparable to the GEMM
+    pooled = tuning.value("conv_transpose.pooled_scratch_bytes")
     for n0, n1, qa, qb in _phase_chunks(N, Qh, (Kc + PM) * group * Wb * item):
         n, L = n1 - n0, (qb - qa) * Wb
         base = block[n0:n1, :, qa:]
         view = sp.as_strided(np, base, (group, Uy, Ux, Cg, n, L),
                              (Cg * sC, ay["step"] * Wb * item, ax["step"] * item, sC, sN, item))
-        cols = host_empty((group, Uy, Ux, Cg, n, L), dtype, _SCRATCH_POOL_BYTES)
-        r = host_empty((group, PM, n * L), dtype, _SCRATCH_POOL_BYTES)
+        cols = host_empty((group, Uy, Ux, Cg, n, L), dtype, pooled)
+        r = host_empty((group, PM, n * L), dtype, pooled)
         np.copyto(cols, view)
         cols = cols.reshape(group, Kc, n * L)
         if group == 1:

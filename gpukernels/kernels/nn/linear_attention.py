@@ -35,11 +35,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ...host import tuning
 from ...tensor import Tensor
 from ..base import KernelBase, register
 
 _RULES = ("linear", "gated", "delta", "gated_delta")
-_RECURRENT_MAX_T = 16
 _FACTOR_LIMIT = 20.0  # max |cumulative log-decay| inside a chunk for the factorised form
 _SEGMENT_BYTES = 64 << 20
 
@@ -72,7 +72,7 @@ class LinearAttention(KernelBase):
             raise self.error(f"context option linear_attention_mode must be 'auto', 'recurrent' or "
                              f"'chunked', got {mode!r}")
         arrays = self._unpack(p, q, k, v, ps, dc, bt)
-        if mode == "recurrent" or (mode == "auto" and p["T"] <= _RECURRENT_MAX_T):
+        if mode == "recurrent" or (mode == "auto" and p["T"] <= tuning.value("linear_attention.recurrent_max_t")):
             out, state = self._recurrent(p, *arrays)
         else:
             out, state = self._chunked(p, *arrays)

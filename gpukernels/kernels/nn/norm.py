@@ -14,10 +14,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ...dtypes import DataType
+from ...host import tuning
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ..specialize import specialize
-from ...xp import host_blocks, host_empty
+from ...host import host_blocks, host_empty
 
 
 def _axis(kernel, axis, ndim, **tensors):
@@ -156,23 +157,21 @@ class BatchNormalization(KernelBase):
         return self.LegacyResult(y, run_mean, run_var, saved_mean, saved_var)
 
 
-_AFFINE_BLOCK_BYTES = 1 << 20
-
-
 @specialize("BatchNormalization.affine", device="cpu", ops=("BatchNormalization",))
 def _scale_shift_host(x, a, shift):
     """x * a + shift on the host, a and shift of shape (1, C, ...) broadcasting over x
     (N, C, ...): into a pooled output, in blocks of samples or channels of about
-    _AFFINE_BLOCK_BYTES, so that the add reads the product while it is in cache (the
+    batch_norm.host_block_bytes (host/tuning.py), so that the add reads the product while it is in cache (the
     same two roundings as the plain expression)."""
     N, C = x.shape[:2]
     y = host_empty(x.shape, x.dtype)
     per_channel = max(1, int(np.prod(x.shape[2:], dtype=np.int64)) * x.dtype.itemsize)
-    if C * per_channel <= _AFFINE_BLOCK_BYTES:  # whole samples per block
-        step = max(1, _AFFINE_BLOCK_BYTES // (C * per_channel))
+    block = tuning.value("batch_norm.host_block_bytes")
+    if C * per_channel <= block:  # whole samples per block
+        step = max(1, block // (C * per_channel))
         blocks = [(slice(n, n + step), slice(None)) for n in range(0, N, step)]
     else:  # one sample, blocks of channels
-        step = max(1, _AFFINE_BLOCK_BYTES // per_channel)
+        step = max(1, block // per_channel)
         blocks = [(slice(n, n + 1), slice(c, c + step)) for n in range(N) for c in range(0, C, step)]
     for ns, cs in blocks:
         yb = y[ns, cs]
@@ -275,12 +274,6 @@ class LayerNormalization(KernelBase):
         return self.Result(out, mean_t, inv_t)
 
 
-# host row blocks of about this many bytes: each block costs ~10 NumPy calls of fixed
-# overhead, so blocks well past L2 (4 MiB, 1365 rows of 768) measured 15-20% faster than
-# 1 MiB ones on LayerNormalization 32x512x768
-_ROW_BLOCK_BYTES = 1 << 22
-
-
 def _prod(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
@@ -351,7 +344,7 @@ def _normalize_rows_host(x2, eps, s_flat, b_flat, center):
     y = host_empty((R, D), dt)
     mean_all = np.empty((R,), dtype=dt) if center else None
     inv_all = np.empty((R,), dtype=dt)
-    step = max(1, _ROW_BLOCK_BYTES // max(1, D * dt.itemsize))
+    step = max(1, tuning.value("norm.host_row_block_bytes") // max(1, D * dt.itemsize))  # host/tuning.py
     inv_d = dt.type(1.0 / D) if D else dt.type(0)
     # per-row dot products (BLAS) are several times faster than sum/einsum; rows short
     # enough that the BLAS never splits one over its own threads

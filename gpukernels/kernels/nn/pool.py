@@ -30,16 +30,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ...dtypes import DataType
+from ...host import tuning
 from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from . import _pool_host  # noqa: F401 -- registers the specialisation "Pool.windows"
 from . import _spatial as sp
-
-# bytes of padded input per block of the window path, by array namespace (tuning: block
-# sizes change speed, never results); others get the whole workspace
-_POOL_BLOCK_BYTES = {"numpy": 512 * 1024}
-
 
 # ------------------------------------------------------------------ geometry
 
@@ -128,7 +124,8 @@ def _blocks(xp, x2, geo, fill):
     hi = [lo[i] + (geo.out[i] - 1) * geo.strides[i] + (geo.kernel[i] - 1) * geo.dilations[i] + 1
           for i in range(n_sp)]
     per = max(1, sp.prod([h - l for h, l in zip(hi, lo)]) * x2.dtype.itemsize)
-    budget = _POOL_BLOCK_BYTES.get(xp.__name__, sp.WORKSPACE_BYTES)
+    # padded input per block: cache-sized on the host, the whole workspace on a GPU
+    budget = tuning.value("pool.host_window_block_bytes") if xp.__name__ == "numpy" else sp.WORKSPACE_BYTES
     step = max(1, budget // per)
     for a in range(0, NC, step):
         b = min(NC, a + step)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...gpu import device_checks
-from ...xp import host_empty
+from ...host import tuning
+from ...host import host_empty
 from ..base import KernelBase, register
 from ..specialize import specialize
 
@@ -137,11 +138,6 @@ class RotaryEmbedding(KernelBase):
         yb += tmp  # sin * a + cos * b
 
 
-# Host blocks hold about this many elements of X (a few hundred KiB: the passes over
-# a block then run in cache).
-_HOST_BLOCK_ELEMS = 1 << 16
-
-
 @specialize("RotaryEmbedding.rotate", device="cpu", ops=("RotaryEmbedding",),
             agreement="rtol 1e-6 (float32): interleaved pairs as one complex multiply")
 def _rotate_host(x4, c, s, rd, interleaved):
@@ -158,7 +154,8 @@ def _rotate_host(x4, c, s, rd, interleaved):
     n1 = x4.shape[1]
     hd = x4.shape[-1]
     per = max(1, x4.size // max(n1, 1))
-    step = max(1, min(n1, _HOST_BLOCK_ELEMS // per))
+    # blocks of rotary.host_block_elems (host/tuning.py): the passes over a block run in cache
+    step = max(1, min(n1, tuning.value("rotary.host_block_elems") // per))
     half = rd // 2
     if interleaved:
         # complex64 for float32 X, complex128 for float64 X (a view of X's pairs)

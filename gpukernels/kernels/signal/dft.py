@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ... import dtypes
+from ...host import tuning
 from ...limits import check_allocation
-from ...xp import parallel_ranges
+from ...host import parallel_ranges
 from ..base import KernelBase, register
 from ..specialize import specialize
 
@@ -42,9 +43,6 @@ def _stack(xp, y, real_only=False):
     return xp.stack([y.real, y.imag], axis=-1)
 
 
-_THREAD_ITEMS = 1 << 16  # signal elements per host thread before a DFT is split over threads
-
-
 def _transform(xp, sig, n, ax, inverse, onesided, is_complex):
     """The DFT of the complex-or-real signal array along ax, as a [..., 1|2] array."""
     fft = xp.fft
@@ -67,13 +65,14 @@ def _transform(xp, sig, n, ax, inverse, onesided, is_complex):
 
 
 @specialize("DFT.transform", device="cpu", ops=("DFT",),
-            when=lambda sig, ax, transform: ax != 0 and sig.shape[0] > 1 and sig.size >= _THREAD_ITEMS)
+            when=lambda sig, ax, transform: (ax != 0 and sig.shape[0] > 1
+                                             and sig.size >= tuning.value("dft.thread_items")))
 def _host_split(sig, ax, transform):
     """transform(sig) with the signals of axis 0 split over host threads (NumPy's FFT
-    releases the GIL); each thread gets _THREAD_ITEMS elements or more."""
+    releases the GIL); each thread gets dft.thread_items (host/tuning.py) elements or more."""
     parts = {}
     per_signal = max(1, sig.size // sig.shape[0])
-    parallel_ranges(sig.shape[0], max(1, -(-_THREAD_ITEMS // per_signal)),
+    parallel_ranges(sig.shape[0], max(1, -(-tuning.value("dft.thread_items") // per_signal)),
                     lambda lo, hi: parts.__setitem__(lo, transform(sig[lo:hi])))
     return np.concatenate([parts[k] for k in sorted(parts)], axis=0)
 

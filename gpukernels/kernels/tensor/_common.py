@@ -9,8 +9,10 @@ import onnx
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...host import tuning
 from ...tensor import Tensor
-from ...xp import host_empty, in_namespace, is_cupy_array, parallel_ranges, to_host
+from ...xp import in_namespace, is_cupy_array, to_host
+from ...host import host_empty, parallel_ranges
 from ..specialize import specialize
 
 
@@ -110,9 +112,6 @@ def on(xp, array):
     return in_namespace(xp, array)
 
 
-TRANSPOSE_TILE = 64  # elements of the output's last axis copied per pass of a tiled transpose
-
-
 def permuted_copy(kernel, xp, view):
     """A C-contiguous copy of ``view`` (typically a transposed view) in namespace xp."""
     fast = kernel.specialized("Transpose.copy", view)
@@ -122,23 +121,26 @@ def permuted_copy(kernel, xp, view):
 
 
 def _tiles_pay(view) -> bool:
-    return (view.ndim >= 2 and not view.flags.c_contiguous and view.shape[-1] >= 2 * TRANSPOSE_TILE
-            and view.size >= (1 << 20) and abs(view.strides[-1]) >= 128)
+    return (view.ndim >= 2 and not view.flags.c_contiguous and abs(view.strides[-1]) >= 128
+            and view.shape[-1] >= 2 * tuning.value("transpose.tile")
+            and view.size >= tuning.value("transpose.tiled_min_elems"))
 
 
 @specialize("Transpose.copy", device="cpu", ops=("Transpose", "GridSample"), when=_tiles_pay)
 def _permuted_copy_host(view):
     """permuted_copy on the host when the output's last axis reads the input with a large
-    stride: the copy runs in slices of TRANSPOSE_TILE along that axis, so that each pass
-    reuses the input cache lines it touches for the next output rows instead of evicting
-    them (several times faster for big 2-D-like transposes), over the host threads."""
+    stride: the copy runs in slices of transpose.tile (host/tuning.py) along that axis,
+    so that each pass reuses the input cache lines it touches for the next output rows
+    instead of evicting them (several times faster for big 2-D-like transposes), over the
+    host threads."""
     n = view.shape[-1]
     out = host_empty(view.shape, view.dtype)
+    tile = tuning.value("transpose.tile")
 
     def rows(lo, hi):  # output rows [lo, hi) of axis 0, tile by tile
-        for a in range(0, n, TRANSPOSE_TILE):
-            np.copyto(out[lo:hi, ..., a:a + TRANSPOSE_TILE], view[lo:hi, ..., a:a + TRANSPOSE_TILE])
+        for a in range(0, n, tile):
+            np.copyto(out[lo:hi, ..., a:a + tile], view[lo:hi, ..., a:a + tile])
 
-    # several host threads when each gets at least 1M elements (a copy of a few ms)
-    parallel_ranges(view.shape[0], -(-(1 << 20) // max(1, view[0].size)), rows)
+    # several host threads when each gets enough elements (a copy of a few ms)
+    parallel_ranges(view.shape[0], -(-tuning.value("transpose.thread_elems") // max(1, view[0].size)), rows)
     return out

@@ -31,20 +31,16 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...host import tuning
 from ...limits import check_allocation
 from ...tensor import Tensor
-from ...xp import host_blocks, in_namespace
+from ...xp import in_namespace
+from ...host import host_blocks
 from ..base import KernelBase, register
 from ..specialize import specialize
 from ._common import host_ints, permuted_copy, product, xp_for
 
 _MODE_ALIASES = {"bilinear": "linear", "bicubic": "cubic"}
-_GATHER_CHUNK = 1 << 20  # elements of gathered taps held at once
-# elements of one (channels, taps, points) gather buffer on the host: 2 MiB of float32;
-# fewer, longer take/einsum calls measured 8-10% faster with two threads than 1 << 17
-_HOST_BLOCK = 1 << 19
-_TAPS_POINTS = 1 << 13  # grid points whose taps the host computes at once (cache-sized)
-_THREAD_WORK = 1 << 20  # gathered tap elements (~1 ms) per extra host thread
 
 
 def _taps(xp, gc, S, mode, padding_mode, align_corners):
@@ -151,7 +147,7 @@ def _linear_taps_host(gc, S, padding_mode, align_corners):
 def _host_units(units: int, work: int, fn) -> None:
     """fn(u) for u in range(units), the units handed out one at a time to the host threads
     (xp.host_blocks); threads only for work (elements gathered) worth it."""
-    host_blocks(units, 1, lambda u, _: fn(u), threads=max(1, work // _THREAD_WORK))
+    host_blocks(units, 1, lambda u, _: fn(u), threads=max(1, work // tuning.value("grid_sample.thread_work")))
 
 
 @specialize("GridSample.sample", device="cpu", ops=("GridSample",), when=lambda mode: mode != "nearest",
@@ -170,7 +166,7 @@ def _sample_host(src, gc, S, mode, padding_mode, align_corners, out_dtype):
     M = gc.shape[1]
     out = np.empty((N, C, M), dtype=out_dtype)
     K = (2 if mode == "linear" else 4) ** len(S)
-    cb = max(1, min(C, _HOST_BLOCK // max(1, K * M)))  # channels per block
+    cb = max(1, min(C, tuning.value("grid_sample.host_block_elems") // max(1, K * M)))  # channels per block
     nblk = -(-C // cb)
     work = N * C * M * K
 
@@ -203,7 +199,7 @@ def _sample_host(src, gc, S, mode, padding_mode, align_corners, out_dtype):
 
     if N > 1:
         # units: groups of batch entries whose taps are computed together (at least 4 units)
-        group = max(1, min(_TAPS_POINTS // M, N // 4))
+        group = max(1, min(tuning.value("grid_sample.taps_points") // M, N // 4))
 
         def unit(u):
             g0, g1 = u * group, min(N, (u + 1) * group)
@@ -308,7 +304,7 @@ class GridSample(KernelBase):
         else:
             wk = xp.ascontiguousarray(weight.reshape(K, N * M).T)
             acc = xp.empty((N * M, C), dtype=np.result_type(src.dtype, work))
-            rows = max(1, _GATHER_CHUNK // (K * C))  # bounded workspace for the gathered taps
+            rows = max(1, tuning.value("grid_sample.gather_chunk_elems") // (K * C))  # bounded workspace
             for r0 in range(0, N * M, rows):
                 g = xp.take(xt, lin[r0:r0 + rows].reshape(-1), axis=0).reshape(-1, K, C)
                 # acc[m, c] = sum_k w[m, k] * g[m, k, c]

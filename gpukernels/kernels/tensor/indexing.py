@@ -15,9 +15,10 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...host import tuning
 from ...limits import check_allocation
 from ...tensor import Tensor
-from ...xp import host_empty, parallel_ranges
+from ...host import host_empty, parallel_ranges
 from ..base import KernelBase, register
 from ..specialize import specialize
 from ._common import deliver, host_ints, norm_axis, on, product, xp_for
@@ -56,18 +57,17 @@ class Gather(KernelBase):
         return deliver(self, Tensor.wrap(res, x.data_type), out)
 
 
-_TAKE_THREAD_BYTES = 1 << 20  # output bytes per host thread before a gather is split
-
-
 def _take_bytes(data, idx, ax) -> int:
     return math.prod(data.shape[:ax] + idx.shape + data.shape[ax + 1:]) * data.itemsize
 
 
 @specialize("Gather.take", device="cpu", ops=("Gather",),
-            when=lambda data, idx, ax: data.dtype != object and _take_bytes(data, idx, ax) >= 2 * _TAKE_THREAD_BYTES)
+            when=lambda data, idx, ax: (data.dtype != object
+                                        and _take_bytes(data, idx, ax) >= 2 * tuning.value("gather.thread_bytes")))
 def _host_take(data, idx, ax):
     """numpy.take(data, idx, axis=ax) with the output rows split over host threads (the
-    indices are checked and non-negative already)."""
+    indices are checked and non-negative already); gather.thread_bytes of output per
+    thread (host/tuning.py)."""
     shape = data.shape[:ax] + idx.shape + data.shape[ax + 1:]
     out = host_empty(shape, data.dtype)
     if ax == 0:
@@ -82,7 +82,7 @@ def _host_take(data, idx, ax):
 
         def part(lo, hi):
             np.take(data[lo:hi], idx, axis=ax, out=out[lo:hi], mode="clip")
-    parallel_ranges(n, max(1, _TAKE_THREAD_BYTES // max(1, out.nbytes // max(1, n))), part)
+    parallel_ranges(n, max(1, tuning.value("gather.thread_bytes") // max(1, out.nbytes // max(1, n))), part)
     return out
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...host import tuning
 from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
@@ -122,14 +123,12 @@ def tap_weights(x: np.ndarray, n_in: int, mode: str, scale: float, antialias: bo
     return np.clip(pos, 0, n_in - 1).astype(np.int64), w
 
 
-BAND_BLOCK = 16  # outputs per block of the banded matmul
-_BAND_MIN_ROWS = 64  # fewer interpolated rows per block: the taps beat the matmul calls
-
-
 class AxisTaps:
     """The interpolation of one axis: tap indices (n_out, taps), clamped, and float64
     weights, with the tap columns whose weight is zero for every output dropped.  Built on
-    the host; cached per axis geometry (see ``axis_taps``), so treat it as read-only."""
+    the host; cached per axis geometry (see ``axis_taps``), so treat it as read-only; it
+    keeps the resize.band_block (outputs per block of the banded matmul, host/tuning.py)
+    it was built with."""
 
     def __init__(self, idx: np.ndarray, w: np.ndarray, n_in: int, extra):
         nz = np.flatnonzero(np.any(w != 0, axis=0))
@@ -138,13 +137,14 @@ class AxisTaps:
         self.n_in = n_in
         self.n_out, self.taps = self.idx.shape
         self.extra = extra  # tf_crop_and_resize: outputs that get extrapolation_value
+        self.band = tuning.value("resize.band_block")
         self._cast = {}
 
     @functools.cached_property
     def spans(self):
-        """Per block of BAND_BLOCK outputs: its first output and the input window [lo, hi)
+        """Per block of self.band outputs: its first output and the input window [lo, hi)
         its taps read."""
-        starts = np.arange(0, self.n_out, BAND_BLOCK)
+        starts = np.arange(0, self.n_out, self.band)
         lo = np.minimum.reduceat(self.idx.min(axis=1), starts)
         hi = np.maximum.reduceat(self.idx.max(axis=1), starts) + 1
         return starts, lo, hi
@@ -153,7 +153,7 @@ class AxisTaps:
     def blocks(self):
         """Banded weights: per block of outputs [o0, o1), its input window [lo, hi) and the
         dense (o1 - o0, hi - lo) float64 weight block (repeated clamped indices summed)."""
-        n_out, B = self.n_out, BAND_BLOCK
+        n_out, B = self.n_out, self.band
         starts, lo, hi = self.spans
         o = np.arange(n_out)
         blk = o // B
@@ -182,7 +182,7 @@ class AxisTaps:
     def band_pays(self) -> bool:
         """Whether the banded matmul's extra multiply-adds (zeros in the blocks) stay few
         enough for BLAS to beat the taps: not for a strong downscale without antialias."""
-        return self.window <= 4 * self.taps + 2 * BAND_BLOCK
+        return self.window <= 4 * self.taps + 2 * self.band
 
     def cost(self, last: bool, band: bool) -> float:
         """Relative work per output element, to order the axes."""
@@ -226,10 +226,12 @@ def apply_band(arr, axis: int, taps: AxisTaps, work):
             agreement="rtol 1e-5 (float32): banded matmuls instead of tap-by-tap adds")
 def _interpolate_host(arr, plans, work):
     """Every planned axis of a real host array: finite data through BLAS (banded
-    blocks) where that pays, else tap by tap, in the order of least work."""
+    blocks) where that pays (resize.band_min_rows interpolated rows or more), else tap by
+    tap, in the order of least work."""
+    min_rows = tuning.value("resize.band_min_rows")
     for a in axis_order(arr.shape, plans, True):
         lead_trail = arr.size // max(arr.shape[a], 1)
-        if plans[a].band_pays and lead_trail >= _BAND_MIN_ROWS and _finite(np, arr):
+        if plans[a].band_pays and lead_trail >= min_rows and _finite(np, arr):
             arr = apply_band(arr, a, plans[a], work)
         else:
             arr = apply_taps(np, arr, a, plans[a], work)

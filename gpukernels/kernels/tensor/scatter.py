@@ -17,22 +17,24 @@ import numpy as np
 
 from ... import dtypes
 from ...dtypes import DataType
+from ...host import tuning
 from ...tensor import Tensor
-from ...xp import assign_rows_last_wins, copy_array, parallel_ranges, scatter_assign_last_wins, scatter_reduce
+from ...xp import assign_rows_last_wins, scatter_assign_last_wins, scatter_reduce
+from ...host import copy_array, parallel_ranges
 from ..base import KernelBase, register
 from ..specialize import specialize
 from ._common import host_ints, norm_axis, on, product, xp_for
 from .indexing import checked_indices, nd_linear_index
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
-_PARALLEL_ASSIGN = 1 << 20  # elements of updates per host thread worth a parallel row assignment
 
 
 def _distinct_large(target, rows, values) -> bool:
     """Whether the updates are large and their rows distinct (checked on a sorted copy of
-    the row indices, cheap next to moving the rows)."""
+    the row indices, cheap next to moving the rows): scatter.parallel_assign update
+    elements per thread or more (host/tuning.py)."""
     m, s = values.shape
-    if not (m > 1 and m * s >= 2 * _PARALLEL_ASSIGN and s >= 64):
+    if not (m > 1 and s >= 64 and m * s >= 2 * tuning.value("scatter.parallel_assign")):
         return False
     srt = np.sort(rows)
     return not (srt[1:] == srt[:-1]).any()
@@ -47,7 +49,7 @@ def _assign_rows_host(target, rows, values) -> None:
     def run(lo, hi):
         target[rows[lo:hi]] = values[lo:hi]
 
-    parallel_ranges(m, max(1, _PARALLEL_ASSIGN // s), run)
+    parallel_ranges(m, max(1, tuning.value("scatter.parallel_assign") // s), run)
 
 
 def _assign_rows(kernel, xp, target, rows, values) -> None:

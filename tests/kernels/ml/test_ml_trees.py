@@ -8,7 +8,6 @@ from onnx import TensorProto, helper
 
 from gpukernels.errors import KernelInputError, KernelTypeError
 from gpukernels.kernels import KernelContext
-from gpukernels.kernels.ml import tree as tree_mod
 from gpukernels.kernels.ml.tree import TreeEnsemble, TreeEnsembleClassifier, TreeEnsembleRegressor
 from gpukernels.tensor import Tensor
 
@@ -158,8 +157,8 @@ def test_tree_ensemble_membership_and_single_leaf_tree(device):
     np.testing.assert_array_equal(y[3], [1, 100])
 
 
-def test_chunking_and_deep_trees(device, rng, monkeypatch):
-    monkeypatch.setattr(tree_mod, "_CHUNK", {"cpu": 64, "cuda": 64})
+def test_chunking_and_deep_trees(device, rng, tuning):
+    tuning({"tree.chunk_pairs_cpu": 64, "tree.chunk_pairs_cuda": 64})
     trees = random_forest(rng, 9, 6, 2, max_depth=9, modes=("BRANCH_LT", "BRANCH_GTE"))
     x = inputs(rng, 101, 6)
     attrs = legacy_attrs(trees)

@@ -40,9 +40,9 @@ def _reference(op, attrs, x, n_outputs=1, opset_ml=3):
 
 @pytest.mark.parametrize("agg", ["SUM", "AVERAGE", "MIN", "MAX"])
 @pytest.mark.parametrize("dense", [True, False])
-def test_regressor_all_modes_vs_onnx_reference(device, rng, monkeypatch, agg, dense):
+def test_regressor_all_modes_vs_onnx_reference(device, rng, tuning, agg, dense):
     if not dense:
-        monkeypatch.setattr(tree_mod, "_DENSE_MAX", 0)  # the sparse scatter path
+        tuning({"tree.dense_max_entries": 0})  # the sparse scatter path
     trees = random_forest(rng, 20, 6, 3, max_depth=6, modes=tuple(MODES), missing=True, entries_per_leaf=3,
                           thresholds=[-0.5, 0.0, 0.5, 1.0])
     x = _inputs(rng, 64, 6)
@@ -68,12 +68,12 @@ def test_classifier_vs_onnx_reference(device, rng, post):
 
 
 @pytest.mark.parametrize("agg", [0, 1, 2, 3])
-def test_tree_ensemble_v5_dense_and_sparse_agree(device, rng, monkeypatch, agg):
+def test_tree_ensemble_v5_dense_and_sparse_agree(device, rng, tuning, agg):
     trees = random_forest(rng, 12, 5, 3, max_depth=6, modes=tuple(MODES), missing=True)
     attrs = {k: Tensor.from_proto(v) if hasattr(v, "dims") else v for k, v in v5_attrs(trees, 3).items()}
     x = _inputs(rng, 50, 5)
     dense = TreeEnsemble(KernelContext(device))(x, aggregate_function=agg, **attrs).numpy()
-    monkeypatch.setattr(tree_mod, "_DENSE_MAX", 0)
+    tuning({"tree.dense_max_entries": 0})
     sparse = TreeEnsemble(KernelContext(device))(x, aggregate_function=agg, **attrs).numpy()
     np.testing.assert_allclose(dense, sparse, rtol=1e-6, atol=1e-6)
     ref, _ = evaluate(trees, x, 3, ["AVERAGE", "SUM", "MIN", "MAX"][agg])

@@ -1,4 +1,8 @@
-"""Attention vs a float64 reference written with loops over batch, head and query."""
+"""Attention vs the float64 references of tests/reference (loops over batch, head and
+query), and its host path (_HostAttention: blocks of KV heads and query rows, 2**s
+without the max shift where the row sums allow it, the causal frontier on the trailing
+square of each row block, K @ q^T for few rows) on both paths, with block sizes set small
+through the tuning table so that every boundary case occurs on small inputs."""
 
 from __future__ import annotations
 
@@ -7,74 +11,13 @@ import numpy as np
 import pytest
 
 from gpukernels.errors import KernelInputError, KernelTypeError
+from gpukernels.host import tuning as tuning_table
 from gpukernels.kernels import KernelContext
+from gpukernels.kernels.nn import attention as attention_mod
 from gpukernels.kernels.nn.attention import Attention
 from gpukernels.tensor import Tensor
-
-
-def to4d(x, heads):
-    b, s, hd = x.shape
-    return x.reshape(b, s, heads, hd // heads).transpose(0, 2, 1, 3)
-
-
-def naive(Q, K, V, mask=None, past_k=None, past_v=None, nonpad=None, *, scale=None, causal=0, softcap=0.0,
-          hq=None, hkv=None, left=-1, right=-1):
-    """Returns Y, present_k, present_v and the qk values of modes 0-3 (float64)."""
-    rank = Q.ndim
-    Q, K, V = (np.asarray(a, np.float64) for a in (Q, K, V))
-    if rank == 3:
-        Q, K, V = to4d(Q, hq), to4d(K, hkv), to4d(V, hkv)
-    P = 0
-    if past_k is not None:
-        P = past_k.shape[2]
-        K = np.concatenate([np.asarray(past_k, np.float64), K], 2)
-        V = np.concatenate([np.asarray(past_v, np.float64), V], 2)
-    B, Hq, Sq, D = Q.shape
-    Hkv, T, Dv = K.shape[1], K.shape[2], V.shape[3]
-    grp = Hq // Hkv
-    sc = 1 / np.sqrt(D) if scale is None else scale
-    m4 = None
-    if mask is not None:
-        m = np.asarray(mask)
-        if m.ndim and m.shape[-1] < T:
-            padv = False if m.dtype == bool else -np.inf
-            m = np.concatenate([m.astype(np.float64) if m.dtype != bool else m,
-                                np.full(m.shape[:-1] + (T - m.shape[-1],), padv)], -1)
-        m4 = np.broadcast_to(m, (B, Hq, Sq, T))
-    Y = np.zeros((B, Hq, Sq, Dv))
-    modes = [np.zeros((B, Hq, Sq, T)) for _ in range(4)]
-    for b in range(B):
-        off = P if past_k is not None else (int(nonpad[b]) - Sq if nonpad is not None else 0)
-        for h in range(Hq):
-            kh = h // grp
-            for i in range(Sq):
-                raw = np.array([Q[b, h, i] @ K[b, kh, j] * sc for j in range(T)])
-                capped = softcap * np.tanh(raw / softcap) if softcap > 0 else raw
-                bias = np.zeros(T)
-                for j in range(T):
-                    if m4 is not None:
-                        mv = m4[b, h, i, j]
-                        bias[j] += (0.0 if mv else -np.inf) if m4.dtype == bool else float(mv)
-                    pos = i + off
-                    if causal and j > pos:
-                        bias[j] = -np.inf
-                    if left >= 0 and j < pos - left:
-                        bias[j] = -np.inf
-                    if right >= 0 and j > pos + right:
-                        bias[j] = -np.inf
-                    if nonpad is not None and j >= nonpad[b]:
-                        bias[j] = -np.inf
-                s = capped + bias
-                if T == 0 or np.all(np.isneginf(bias)):
-                    prob = np.zeros(T)
-                else:
-                    e = np.exp(s - s.max())
-                    prob = e / e.sum()
-                Y[b, h, i] = prob @ V[b, kh]
-                modes[0][b, h, i], modes[1][b, h, i], modes[2][b, h, i], modes[3][b, h, i] = raw, capped, s, prob
-    if rank == 3:
-        Y = Y.transpose(0, 2, 1, 3).reshape(B, Sq, Hq * Dv)
-    return Y, K, V, modes
+from tests.reference import attention as naive
+from tests.reference import attention_heads
 
 
 def kernel(device, opset=25, **options):
@@ -376,3 +319,257 @@ def test_long_causal_uses_key_prefixes(device, rng, past, sq, t_new):
         check(res, naive(Q, K, V, mask, pk, pv, causal=1), tol=2e-5)
     res = kernel(device)(Q, K, V, None, pk, pv, is_causal=1)
     check(res, naive(Q, K, V, None, pk, pv, causal=1), tol=2e-5)
+
+
+# ---------------------------------------------------------------------------- host path
+
+
+def host_kernel(device, path, opset=23, requested=(True,), **options):
+    """A kernel whose caller wants only Y (as the runtime says for a one-output node)."""
+    k = Attention(KernelContext(device, opset, options={"paths": path, **options}))
+    k.requested_outputs = requested
+    return k
+
+
+def host_path(device, path) -> bool:
+    """Whether a plain call takes the host specialisation."""
+    return device == "cpu" and path == "auto"
+
+
+@pytest.fixture
+def small_blocks(tuning):
+    """Blocks of a few KiB and 5 causal rows: many head and row blocks on small inputs."""
+    tuning({"attention.host_block_bytes": 4096, "attention.host_causal_rows": 5})
+
+
+@pytest.fixture
+def shifted_blocks(monkeypatch):
+    """Counts the host path's blocks redone with the max shift."""
+    counts = []
+    shifted = attention_mod._HostAttention._shifted_block
+
+    def counted(self, *args):
+        counts.append(1)
+        return shifted(self, *args)
+
+    monkeypatch.setattr(attention_mod._HostAttention, "_shifted_block", counted)
+    return counts
+
+
+@pytest.mark.parametrize("block_bytes", [1 << 20, 3000, 700])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (6, 2), (4, 1)])
+@pytest.mark.parametrize("causal,rows", [(0, 0), (1, 3), (1, 4)])
+@pytest.mark.parametrize("sq,skv", [(11, 11), (9, 17), (16, 5)])
+def test_host_deferred_normalisation(device, path, rng, tuning, sites_taken, shifted_blocks, block_bytes, hq, hkv,
+                                     causal, rows, sq, skv):
+    """Blocks of whole and partial heads and rows (strided views of Y and of the row sums)."""
+    tuning({"attention.host_block_bytes": block_bytes})
+    if rows:
+        tuning({"attention.host_causal_rows": rows})
+    Q, K, V = rand(rng, 2, hq, sq, 8), rand(rng, 2, hkv, skv, 8), rand(rng, 2, hkv, skv, 5)
+    with sites_taken() as taken:
+        got = host_kernel(device, path)(Q, K, V, is_causal=causal).Y.numpy()
+    assert ("Attention.blocks" in taken) == host_path(device, path) and not shifted_blocks
+    np.testing.assert_allclose(got, attention_heads(Q, K, V, causal=causal), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("blocks", ["default", "small"])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (6, 2), (3, 1)])
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("sq,skv,past", [(13, 13, 0), (1, 1, 9), (3, 5, 4), (17, 11, 0), (7, 23, 0), (12, 4, 6)])
+def test_host_blocks_4d(device, path, rng, request, sites_taken, blocks, hq, hkv, causal, sq, skv, past):
+    if blocks == "small":
+        request.getfixturevalue("small_blocks")
+    Q, K, V = rand(rng, 2, hq, sq, 12), rand(rng, 2, hkv, skv, 12), rand(rng, 2, hkv, skv, 7)
+    pk = pv = None
+    if past:
+        pk, pv = rand(rng, 2, hkv, past, 12), rand(rng, 2, hkv, past, 7)
+    with sites_taken() as taken:
+        res = host_kernel(device, path, requested=(True, True, True, False))(Q, K, V, None, pk, pv, is_causal=causal)
+    assert ("Attention.blocks" in taken) == host_path(device, path)
+    np.testing.assert_allclose(res.Y.numpy(), naive(Q, K, V, None, pk, pv, causal=causal)[0], rtol=1e-5, atol=1e-5)
+    assert res.qk_matmul_output is None
+    if past:
+        np.testing.assert_array_equal(res.present_key.numpy(), np.concatenate([pk, K], 2))
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_host_3d_strided_q(device, path, rng, small_blocks, sites_taken, causal):
+    """3-D inputs: the 4-D views of Q are strided (heads interleaved with positions)."""
+    hq, hkv = 4, 2
+    Q, K, V = rand(rng, 2, 9, hq * 8), rand(rng, 2, 9, hkv * 8), rand(rng, 2, 9, hkv * 5)
+    with sites_taken() as taken:
+        res = host_kernel(device, path)(Q, K, V, q_num_heads=hq, kv_num_heads=hkv, is_causal=causal, scale=0.3)
+    assert ("Attention.blocks" in taken) == host_path(device, path)
+    np.testing.assert_allclose(res.Y.numpy(), naive(Q, K, V, causal=causal, scale=0.3, hq=hq, hkv=hkv)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("magnitude", ["huge", "very_negative", "mixed"])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_host_shift_fallback(device, path, rng, small_blocks, sites_taken, magnitude, causal):
+    """Scores whose unshifted 2**s overflows or underflows take the shifted softmax."""
+    Q, K, V = rand(rng, 1, 2, 11, 8), rand(rng, 1, 2, 11, 8), rand(rng, 1, 2, 11, 4)
+    if magnitude == "huge":
+        Q = Q * 60  # scores of several hundred: 2**s overflows float32
+    elif magnitude == "very_negative":
+        K = -np.abs(K)
+        Q = np.abs(Q) * 60  # every score far below zero: 2**s underflows to 0
+    else:
+        Q[:, :, ::2] *= 80  # some rows overflow, some do not
+    with sites_taken() as taken:
+        got = host_kernel(device, path)(Q, K, V, is_causal=causal).Y.numpy()
+    assert ("Attention.blocks" in taken) == host_path(device, path)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, naive(Q, K, V, causal=causal)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_host_only_failing_blocks_redone(device, path, rng, tuning, shifted_blocks, causal):
+    """One block's 2**s overflows: that block alone is redone with the shift, the others
+    keep their unshifted sums, and all rows are normalised."""
+    tuning({"attention.host_block_bytes": 2 * 4 * 12 * 4,  # 2 heads x 4 rows x 12 keys
+            "attention.host_causal_rows": 4})
+    Q, K, V = rand(rng, 1, 6, 12, 8), rand(rng, 1, 3, 12, 8), rand(rng, 1, 3, 12, 4)
+    Q[0, 3, 4:8] *= 80  # KV head 1, second row block
+    got = host_kernel(device, path)(Q, K, V, is_causal=causal).Y.numpy()
+    assert len(shifted_blocks) == (1 if host_path(device, path) else 0)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, attention_heads(Q, K, V, causal=causal), rtol=1e-4, atol=1e-5)
+
+
+def test_host_underflow_and_large_v_blocks(device, path, rng, shifted_blocks):
+    """Row sums that underflow (scores far below 0) and E @ V that overflows (huge V), each
+    in its own batch entry: both redone, the rest kept (default block size)."""
+    Q, K, V = rand(rng, 3, 2, 7, 4), rand(rng, 3, 2, 7, 4), rand(rng, 3, 2, 7, 3)
+    K[0] = -np.abs(K[0])
+    Q[0] = np.abs(Q[0]) * 70
+    Q[2] *= 3  # 2**s up to about 2**9: E @ V of V ~ 1e36 overflows, the shifted one does not
+    V[2] *= np.float32(1e36)
+    got = host_kernel(device, path)(Q, K, V).Y.numpy()
+    assert len(shifted_blocks) == (2 if host_path(device, path) else 0)
+    np.testing.assert_allclose(got, attention_heads(Q, K, V), rtol=1e-4, atol=1e-6)
+
+
+def test_host_large_v(device, path, rng, sites_taken):
+    """E @ V of unnormalised 2**s would overflow for huge V: redone with the shift."""
+    Q, K = rand(rng, 1, 1, 6, 4) * 8, rand(rng, 1, 1, 6, 4) * 8
+    V = rand(rng, 1, 1, 6, 3) * np.float32(1e30)
+    with sites_taken() as taken:
+        got = host_kernel(device, path)(Q, K, V).Y.numpy()
+    assert ("Attention.blocks" in taken) == host_path(device, path)
+    np.testing.assert_allclose(got, naive(Q, K, V)[0], rtol=1e-4)
+
+
+def test_host_block_option(device, path, rng, sites_taken):
+    """The attention_block_bytes option bounds the host path's blocks too."""
+    Q, K, V = rand(rng, 2, 4, 21, 8), rand(rng, 2, 2, 21, 8), rand(rng, 2, 2, 21, 5)
+    with sites_taken() as taken:
+        got = host_kernel(device, path, attention_block_bytes=512)(Q, K, V, is_causal=1).Y.numpy()
+    assert ("Attention.blocks" in taken) == host_path(device, path)
+    np.testing.assert_allclose(got, naive(Q, K, V, causal=1)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_host_default_blocks(device, path, rng, sites_taken, causal):
+    """Default block sizes with several head and row blocks sharing the score workspace,
+    one block (of a middle head, second row block) redone with the shift."""
+    Hkv, G, Sq, T = 3, 2, 300, 600
+    Q, K, V = rand(rng, 1, Hkv * G, Sq, 16), rand(rng, 1, Hkv, T, 16), rand(rng, 1, Hkv, T, 8)
+    Q[0, 2, 250:] *= 60  # KV head 1, rows 250+: 2**s overflows float32
+    p = dict(B=1, q_heads=Hkv * G, kv_heads=Hkv, Sq=Sq, T=T, D=16, Dv=8, is_causal=causal, P=0, scale=0.25)
+    block_bytes = tuning_table.value("attention.host_block_bytes")
+    n, hb = attention_mod._HostAttention(p, np.dtype(np.float32), block_bytes)._blocks()
+    assert n < Sq and hb < Hkv  # the case covers several blocks of each kind
+    with sites_taken() as taken:
+        got = host_kernel(device, path)(Q, K, V, is_causal=causal).Y.numpy()
+    assert ("Attention.blocks" in taken) == host_path(device, path)
+    np.testing.assert_allclose(got, attention_heads(Q, K, V, causal=causal), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("hq,hkv,sq", [(8, 2, 1), (8, 1, 1), (4, 2, 2), (9, 3, 3)])
+@pytest.mark.parametrize("block_bytes", [1 << 20, 600])
+def test_host_decode_rows(device, path, rng, tuning, sites_taken, hq, hkv, sq, block_bytes):
+    """Few query rows per KV head (K @ q^T) with a past cache, one or several head blocks."""
+    tuning({"attention.host_block_bytes": block_bytes})
+    P = 13
+    Q, K, V = rand(rng, 2, hq, sq, 16), rand(rng, 2, hkv, sq, 16), rand(rng, 2, hkv, sq, 6)
+    pk, pv = rand(rng, 2, hkv, P, 16), rand(rng, 2, hkv, P, 6)
+    with sites_taken() as taken:
+        got = host_kernel(device, path)(Q, K, V, None, pk, pv, is_causal=1).Y.numpy()
+    assert ("Attention.blocks" in taken) == host_path(device, path)
+    np.testing.assert_allclose(got, attention_heads(Q, K, V, pk, pv, causal=1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float16, 2e-3), (ml_dtypes.bfloat16, 2e-2)])
+def test_host_dtypes(device, path, rng, small_blocks, sites_taken, dtype, tol):
+    Q, K, V = (rand(rng, 1, 4, 9, 8).astype(dtype) for _ in range(3))
+    with sites_taken() as taken:
+        res = host_kernel(device, path)(Q, K, V, is_causal=1)
+    assert res.Y.numpy().dtype == np.dtype(dtype)
+    ref = naive(Q.astype(np.float64), K.astype(np.float64), V.astype(np.float64), causal=1)[0]
+    np.testing.assert_allclose(res.Y.numpy().astype(np.float64), ref, rtol=tol, atol=tol)
+    if dtype == np.float64:
+        assert ("Attention.blocks" in taken) == host_path(device, path)
+
+
+def test_host_float64_blocks(device, path, rng, tuning, sites_taken):
+    tuning({"attention.host_block_bytes": 2000})
+    Q, K, V = (rng.standard_normal((2, 4, 10, 6)) for _ in range(3))
+    with sites_taken() as taken:
+        got = host_kernel(device, path)(Q, K, V, is_causal=1).Y.numpy()
+    assert got.dtype == np.float64 and ("Attention.blocks" in taken) == host_path(device, path)
+    np.testing.assert_allclose(got, attention_heads(Q, K, V, causal=1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows", ["one", "several"])
+def test_host_nan_rows(device, path, rng, sites_taken, rows):
+    """A NaN in one query row gives NaN in that row only, as the stable softmax does."""
+    if rows == "one":
+        Q, K, V = rand(rng, 1, 2, 5, 4), rand(rng, 1, 2, 5, 4), rand(rng, 1, 2, 5, 3)
+        h, i = 1, 2
+    else:
+        Q, K, V = rand(rng, 1, 3, 6, 4), rand(rng, 1, 3, 6, 4), rand(rng, 1, 3, 6, 2)
+        h, i = 2, 4
+    Q[0, h, i, 1] = np.nan
+    with sites_taken() as taken:
+        got = host_kernel(device, path)(Q, K, V).Y.numpy()
+    assert ("Attention.blocks" in taken) == host_path(device, path)
+    assert np.all(np.isnan(got[0, h, i]))
+    mask = np.ones(got.shape, bool)
+    mask[0, h, i] = False
+    np.testing.assert_allclose(got[mask], attention_heads(Q, K, V)[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_host_matches_general_path(device, rng):
+    """The host path (one output wanted) and the general path (qk output wanted) agree."""
+    Q, K, V = rand(rng, 2, 4, 37, 16), rand(rng, 2, 2, 37, 16), rand(rng, 2, 2, 37, 16)
+    fast = host_kernel(device, "auto")(Q, K, V, is_causal=1).Y.numpy()
+    general = Attention(KernelContext(device, 23))(Q, K, V, is_causal=1)
+    assert general.qk_matmul_output is not None
+    np.testing.assert_allclose(fast, general.Y.numpy(), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("kwargs", [dict(softcap=2.0), dict(softmax_precision=int(10)),
+                                    dict(softmax_precision=int(11))])
+def test_host_path_not_taken(device, rng, sites_taken, kwargs):
+    """softcap and a softmax in another precision stay on the general path."""
+    Q, K, V = rand(rng, 1, 2, 4, 8), rand(rng, 1, 2, 4, 8), rand(rng, 1, 2, 4, 8)
+    with sites_taken() as taken:
+        host_kernel(device, "auto")(Q, K, V, **kwargs)
+    assert "Attention.blocks" not in taken
+
+
+def test_host_path_not_taken_with_mask(device, rng, sites_taken):
+    Q, K, V = rand(rng, 1, 2, 4, 8), rand(rng, 1, 2, 4, 8), rand(rng, 1, 2, 4, 8)
+    with sites_taken() as taken:
+        host_kernel(device, "auto")(Q, K, V, np.ones((4, 4), bool))
+    assert "Attention.blocks" not in taken
+
+
+def test_host_empty(device, path, rng):
+    Q, K, V = rand(rng, 1, 2, 0, 8), rand(rng, 1, 2, 3, 8), rand(rng, 1, 2, 3, 5)
+    assert host_kernel(device, path)(Q, K, V).Y.shape == (1, 2, 0, 5)
+    Q, K, V = rand(rng, 1, 2, 3, 8), rand(rng, 1, 2, 0, 8), rand(rng, 1, 2, 0, 5)
+    y = host_kernel(device, path)(Q, K, V).Y.numpy()
+    assert y.shape == (1, 2, 3, 5) and np.all(y == 0)

@@ -115,11 +115,10 @@ def test_host_conv2d_zero_padding_not_stale(rng):
     ((2, 3, 11, 13), (2, 3), (1, 2), (0, 1, 1, 2), (1, 1)),
     ((1, 5, 15, 16), (3, 2), (2, 3), (2, 0, 1, 1), (2, 1)),
 ])
-def test_maxpool_threads(case, threads, rng, monkeypatch):
+def test_maxpool_threads(case, threads, rng, monkeypatch, tuning):
     xs, k, s, p, d = case
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
-    monkeypatch.setattr(pool_host, "DENSE_THREAD_BYTES", 1)
-    monkeypatch.setattr(pool_host, "DENSE_BLOCK_BYTES", 1)  # one image-channel per block
+    tuning({"pool.host_thread_bytes": 1, "pool.host_block_bytes": 1})  # one image-channel per block
     x = rng.standard_normal(xs).astype(np.float32)
     x[0, 0, 0, 0] = np.nan
     y = MaxPool(KernelContext("cpu"))(x, kernel_shape=list(k), strides=list(s), pads=list(p),

@@ -1,4 +1,6 @@
-"""Normalization kernels against float64 references."""
+"""Normalization kernels against float64 references (tests.reference), and the host row
+path of LayerNormalization ('LayerNormalization.rows': cache-sized row blocks over
+threads, reusable output buffers) on both paths."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.nn.norm import (LRN, BatchNormalization, GroupNormalization, InstanceNormalization,
                                         LayerNormalization, LpNormalization, MeanVarianceNormalization,
                                         RMSNormalization)
+from tests.reference import batch_norm, batch_norm_training, group_norm, layer_norm
 
 
 def f64(a):
@@ -25,12 +28,6 @@ def params(rng, c, dtype=np.float32):
     return scale, bias, mean, var
 
 
-def bn_ref(x, s, b, m, v, eps):
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    return (f64(x) - f64(m).reshape(shape)) / np.sqrt(f64(v).reshape(shape) + eps) * f64(s).reshape(shape) \
-        + f64(b).reshape(shape)
-
-
 # ---------------------------------------------------------------- BatchNormalization
 
 
@@ -41,7 +38,7 @@ def test_batchnorm_inference(device, rng, opset, shape):
     s, b, m, v = params(rng, shape[1])
     extra = dict(is_test=1) if opset < 7 else {}
     res = BatchNormalization(KernelContext(device, opset=opset))(x, s, b, m, v, epsilon=1e-3, **extra)
-    np.testing.assert_allclose(res.Y.numpy(), bn_ref(x, s, b, m, v, 1e-3), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(res.Y.numpy(), batch_norm(x, s, b, m, v, 1e-3), rtol=1e-5, atol=1e-5)
     assert all(o is None for o in res[1:])
 
 
@@ -49,16 +46,7 @@ def test_batchnorm_1d_input(device, rng):
     x = rng.standard_normal(7).astype(np.float32)
     s, b, m, v = params(rng, 1)
     y = BatchNormalization(KernelContext(device))(x, s, b, m, v).Y.numpy()
-    np.testing.assert_allclose(y, bn_ref(x.reshape(7, 1), s, b, m, v, 1e-5).reshape(7), rtol=1e-5, atol=1e-6)
-
-
-def _train_ref(x, s, b, m, v, eps, momentum, axes):
-    bm = f64(x).mean(axes)
-    bv = f64(x).var(axes)
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    y = (f64(x) - bm.reshape(shape)) / np.sqrt(bv.reshape(shape) + eps) * f64(s).reshape(shape) \
-        + f64(b).reshape(shape)
-    return y, f64(m) * momentum + bm * (1 - momentum), f64(v) * momentum + bv * (1 - momentum), bm, bv
+    np.testing.assert_allclose(y, batch_norm(x.reshape(7, 1), s, b, m, v, 1e-5).reshape(7), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("opset", [14, 15])
@@ -68,7 +56,7 @@ def test_batchnorm_training_mode(device, rng, opset):
     m0 = m.copy()
     res = BatchNormalization(KernelContext(device, opset=opset))(x, s, b, m, v, epsilon=1e-4, momentum=0.8,
                                                                  training_mode=1)
-    y, rm, rv, _, _ = _train_ref(x, s, b, m, v, 1e-4, 0.8, (0, 2, 3))
+    y, rm, rv, _, _ = batch_norm_training(x, s, b, m, v, 1e-4, 0.8, (0, 2, 3))
     np.testing.assert_allclose(res.Y.numpy(), y, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(res.running_mean.numpy(), rm, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(res.running_var.numpy(), rv, rtol=1e-5, atol=1e-6)
@@ -84,7 +72,7 @@ def test_batchnorm_opset15_mixed_types(device, rng):
     res = BatchNormalization(KernelContext(device, opset=15))(x, s, b, m.astype(np.float64), v.astype(np.float64),
                                                               training_mode=1)
     assert res.Y.numpy().dtype == np.float16 and res.running_mean.numpy().dtype == np.float64
-    y, rm, _, _, _ = _train_ref(x, s, b, m, v, 1e-5, 0.9, (0, 2))
+    y, rm, _, _, _ = batch_norm_training(x, s, b, m, v, 1e-5, 0.9, (0, 2))
     np.testing.assert_allclose(f64(res.Y.numpy()), y, rtol=5e-3, atol=5e-3)
     np.testing.assert_allclose(res.running_mean.numpy(), rm, rtol=1e-5, atol=1e-6)
 
@@ -95,12 +83,12 @@ def test_batchnorm_opset9_mode_from_declared_outputs(device, rng):
     s, b, m, v = params(rng, 3)
     k = BatchNormalization(KernelContext(device, opset=9))
     # a direct call (or a node with Y only) is inference
-    np.testing.assert_allclose(k(x, s, b, m, v).Y.numpy(), bn_ref(x, s, b, m, v, 1e-5), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(k(x, s, b, m, v).Y.numpy(), batch_norm(x, s, b, m, v, 1e-5), rtol=1e-5, atol=1e-5)
     k.requested_outputs = (True, False, False, False, False)
-    np.testing.assert_allclose(k(x, s, b, m, v).Y.numpy(), bn_ref(x, s, b, m, v, 1e-5), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(k(x, s, b, m, v).Y.numpy(), batch_norm(x, s, b, m, v, 1e-5), rtol=1e-5, atol=1e-5)
     k.requested_outputs = (True, True, True, True, True)
     res = k(x, s, b, m, v, momentum=0.7)
-    y, rm, rv, bm, bv = _train_ref(x, s, b, m, v, 1e-5, 0.7, (0, 2))
+    y, rm, rv, bm, bv = batch_norm_training(x, s, b, m, v, 1e-5, 0.7, (0, 2))
     for got, want in zip(res, (y, rm, rv, bm, bv)):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
 
@@ -109,9 +97,9 @@ def test_batchnorm_opset6_is_test(device, rng):
     x = rng.standard_normal((4, 3, 5)).astype(np.float32)
     s, b, m, v = params(rng, 3)
     k = BatchNormalization(KernelContext(device, opset=6))
-    np.testing.assert_allclose(k(x, s, b, m, v, is_test=1).Y.numpy(), bn_ref(x, s, b, m, v, 1e-5),
+    np.testing.assert_allclose(k(x, s, b, m, v, is_test=1).Y.numpy(), batch_norm(x, s, b, m, v, 1e-5),
                                rtol=1e-5, atol=1e-5)
-    y = _train_ref(x, s, b, m, v, 1e-5, 0.9, (0, 2))[0]
+    y = batch_norm_training(x, s, b, m, v, 1e-5, 0.9, (0, 2))[0]
     np.testing.assert_allclose(k(x, s, b, m, v, is_test=0).Y.numpy(), y, rtol=1e-4, atol=1e-5)
 
 
@@ -135,7 +123,7 @@ def test_batchnorm_dtypes(device, rng, dtype, tol):
     s, b, m, v = params(rng, 3, dtype)
     y = BatchNormalization(KernelContext(device))(x, s, b, m, v).Y.numpy()
     assert y.dtype == np.dtype(dtype)
-    np.testing.assert_allclose(f64(y), bn_ref(x, s, b, m, v, 1e-5), rtol=tol, atol=tol)
+    np.testing.assert_allclose(f64(y), batch_norm(x, s, b, m, v, 1e-5), rtol=tol, atol=tol)
 
 
 def test_batchnorm_errors(rng):
@@ -156,20 +144,9 @@ def test_instance_norm(device, rng, shape):
     x = rng.standard_normal(shape).astype(np.float32)
     s, b, _, _ = params(rng, shape[1])
     y = InstanceNormalization(KernelContext(device))(x, s, b, epsilon=1e-3).numpy()
-    axes = tuple(range(2, len(shape)))
-    xd = f64(x)
     sh = (1, -1) + (1,) * (len(shape) - 2)
-    want = (xd - xd.mean(axes, keepdims=True)) / np.sqrt(xd.var(axes, keepdims=True) + 1e-3) * f64(s).reshape(sh) \
-        + f64(b).reshape(sh)
+    want = layer_norm(x, 2, 1e-3)[0] * f64(s).reshape(sh) + f64(b).reshape(sh)  # each (n, c) over its positions
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
-
-
-def ln_ref(x, axis, eps):
-    xd = f64(x)
-    axes = tuple(range(axis % x.ndim, x.ndim))
-    mean = xd.mean(axes, keepdims=True)
-    inv = 1 / np.sqrt(xd.var(axes, keepdims=True) + eps)
-    return (xd - mean) * inv, mean, inv
 
 
 @pytest.mark.parametrize("shape,axis", [((4, 6), -1), ((2, 3, 5), 1), ((2, 3, 4, 5), -2), ((3, 4), 0),
@@ -180,7 +157,7 @@ def test_layer_norm(device, rng, shape, axis):
     s = rng.standard_normal(norm_shape).astype(np.float32)
     b = rng.standard_normal(norm_shape[-1:]).astype(np.float32)  # broadcasts
     res = LayerNormalization(KernelContext(device))(x, s, b, axis=axis, epsilon=1e-4)
-    n, mean, inv = ln_ref(x, axis, 1e-4)
+    n, mean, inv = layer_norm(x, axis, 1e-4)
     np.testing.assert_allclose(res.Y.numpy(), n * f64(s) + f64(b), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(res.Mean.numpy(), mean, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(res.InvStdDev.numpy(), inv, rtol=1e-5, atol=1e-6)
@@ -195,7 +172,7 @@ def test_layer_norm_dtypes(device, rng, dtype, tol):
     s = rng.standard_normal(8).astype(dtype)
     res = LayerNormalization(KernelContext(device))(x, s, s)
     assert res.Y.numpy().dtype == np.dtype(dtype)
-    n, _, _ = ln_ref(x, -1, 1e-5)
+    n, _, _ = layer_norm(x, -1, 1e-5)
     np.testing.assert_allclose(f64(res.Y.numpy()), n * f64(s) + f64(s), rtol=tol, atol=tol)
     if dtype == np.float64:  # stash_type=11 keeps stage one in double
         res = LayerNormalization(KernelContext(device))(x, s, s, stash_type=11)
@@ -213,10 +190,37 @@ def test_layer_norm_errors(rng):
         LayerNormalization()(x, np.ones(8, np.float32), stash_type=7)
 
 
-def gn_ref(x, G, eps):
-    N, C = x.shape[:2]
-    xd = f64(x).reshape(N, G, -1)
-    return ((xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + eps)).reshape(x.shape)
+def _layer_norm_kernel(device, path):
+    return LayerNormalization(KernelContext(device, opset=17, options={"paths": path}))
+
+
+@pytest.mark.parametrize("shape", [(256, 768), (4, 100, 333), (3, 70000)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm_rows_large(device, path, rng, sites_taken, shape, with_bias):
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(np.float32)
+    s = rng.standard_normal(shape[-1]).astype(np.float32)
+    b = rng.standard_normal(shape[-1]).astype(np.float32) if with_bias else None
+    with sites_taken() as taken:
+        res = _layer_norm_kernel(device, path)(x, s, b, epsilon=1e-5)
+    assert ("LayerNormalization.rows" in taken) == (device == "cpu" and path == "auto")
+    y, mean, inv = layer_norm(x, -1, 1e-5, s, b)
+    np.testing.assert_allclose(res.Y.numpy(), y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(res.Mean.numpy(), mean, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(res.InvStdDev.numpy(), inv, rtol=1e-5)
+
+
+def test_layer_norm_held_outputs_survive(path, rng):
+    """Two large results held at once (12 MB each, from the host output pool) never share
+    memory."""
+    ln = _layer_norm_kernel("cpu", path)
+    x1 = rng.standard_normal((4000, 768)).astype(np.float32)
+    x2 = rng.standard_normal((4000, 768)).astype(np.float32)
+    s = rng.standard_normal(768).astype(np.float32)
+    y1 = ln(x1, s).Y.numpy()
+    y2 = ln(x2, s).Y.numpy()
+    assert not np.shares_memory(y1, y2)
+    np.testing.assert_allclose(y1, layer_norm(x1, -1, 1e-5, s)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y2, layer_norm(x2, -1, 1e-5, s)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape,G", [((2, 6, 4), 3), ((2, 4, 3, 3), 2), ((1, 4, 2, 2, 2), 4), ((2, 6), 1)])
@@ -226,7 +230,7 @@ def test_group_norm_opset21_per_channel(device, rng, shape, G):
     s, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
     y = GroupNormalization(KernelContext(device, opset=21))(x, s, b, num_groups=G, epsilon=1e-3).numpy()
     sh = (1, C) + (1,) * (len(shape) - 2)
-    np.testing.assert_allclose(y, gn_ref(x, G, 1e-3) * f64(s).reshape(sh) + f64(b).reshape(sh),
+    np.testing.assert_allclose(y, group_norm(x, G, 1e-3) * f64(s).reshape(sh) + f64(b).reshape(sh),
                                rtol=1e-4, atol=1e-5)
 
 
@@ -236,7 +240,7 @@ def test_group_norm_opset18_per_group(device, rng):
     y = GroupNormalization(KernelContext(device, opset=18))(x, s, b, num_groups=3).numpy()
     sc = np.repeat(f64(s), 2).reshape(1, 6, 1)
     bc = np.repeat(f64(b), 2).reshape(1, 6, 1)
-    np.testing.assert_allclose(y, gn_ref(x, 3, 1e-5) * sc + bc, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y, group_norm(x, 3, 1e-5) * sc + bc, rtol=1e-4, atol=1e-5)
     with pytest.raises(KernelInputError, match="num_groups"):
         GroupNormalization(KernelContext(device, opset=18))(x, np.ones(6, np.float32), np.ones(6, np.float32),
                                                             num_groups=3)
@@ -252,7 +256,7 @@ def test_group_norm_dtypes(device, rng, dtype, tol):
     s = rng.standard_normal(4).astype(dtype)
     y = GroupNormalization(KernelContext(device))(x, s, s, num_groups=2).numpy()
     assert y.dtype == np.dtype(dtype)
-    np.testing.assert_allclose(f64(y), gn_ref(x, 2, 1e-5) * f64(s).reshape(1, 4, 1) + f64(s).reshape(1, 4, 1),
+    np.testing.assert_allclose(f64(y), group_norm(x, 2, 1e-5) * f64(s).reshape(1, 4, 1) + f64(s).reshape(1, 4, 1),
                                rtol=tol, atol=tol)
 
 

@@ -1,8 +1,8 @@
-"""Pooling kernels against naive float64 loops."""
+"""Pooling kernels against naive float64 loops (tests.reference.pool), and the host
+strided path (specialisation 'Pool.windows': taps applied at the output positions through
+strided views, edge windows recomputed from their valid taps) on both paths."""
 
 from __future__ import annotations
-
-import itertools
 
 import ml_dtypes
 import numpy as np
@@ -10,71 +10,17 @@ import pytest
 
 from gpukernels.errors import KernelInputError, KernelTypeError
 from gpukernels.kernels.base import KernelContext
-from gpukernels.kernels.nn.pool import (AveragePool, GlobalAveragePool, GlobalLpPool, GlobalMaxPool, LpPool,
-                                        MaxPool, MaxRoiPool, MaxUnpool)
-
-
-def out_size(size, k, s, d, pb, pe, ceil_mode):
-    ek = (k - 1) * d + 1
-    span = size + pb + pe - ek
-    o = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (o - 1) * s >= size + pb:
-        o -= 1
-    return o
-
-
-def same_pads(sizes, K, strides, dilations, mode):
-    n = len(sizes)
-    pads = [0] * (2 * n)
-    for i in range(n):
-        out = -(-sizes[i] // strides[i])
-        total = max(0, (out - 1) * strides[i] + (K[i] - 1) * dilations[i] + 1 - sizes[i])
-        small = total // 2
-        pads[i], pads[i + n] = (small, total - small) if mode == "SAME_UPPER" else (total - small, small)
-    return pads
-
-
-def ref_pool(x, kind, K, strides=None, pads=None, dilations=None, ceil_mode=0, include_pad=0, p=2,
-             out=None, storage_order=0):
-    """Returns y (and flat argmax indices for 'max')."""
-    x = np.asarray(x, np.float64)
-    N, C = x.shape[:2]
-    S = x.shape[2:]
-    n = len(S)
-    strides = strides or [1] * n
-    dilations = dilations or [1] * n
-    pads = pads or [0] * (2 * n)
-    if out is None:
-        out = [out_size(S[i], K[i], strides[i], dilations[i], pads[i], pads[i + n], ceil_mode) for i in range(n)]
-    y = np.zeros((N, C, *out))
-    idx = np.zeros((N, C, *out), np.int64)
-    for nn, c in itertools.product(range(N), range(C)):
-        for o in itertools.product(*[range(v) for v in out]):
-            vals, where, count = [], [], 0
-            for k in itertools.product(*[range(v) for v in K]):
-                pos = [o[i] * strides[i] - pads[i] + k[i] * dilations[i] for i in range(n)]
-                inside = all(0 <= pos[i] < S[i] for i in range(n))
-                in_padded = all(-pads[i] <= pos[i] < S[i] + pads[i + n] for i in range(n))
-                if inside:
-                    vals.append(x[(nn, c) + tuple(pos)])
-                    where.append(pos)
-                if (include_pad and in_padded) or inside:
-                    count += 1
-            if kind == "max":
-                j = int(np.argmax(vals))
-                y[(nn, c) + o] = vals[j]
-                pos = where[j]
-                if storage_order:
-                    flat = sum(pos[i] * int(np.prod(S[:i])) for i in range(n))
-                else:
-                    flat = sum(pos[i] * int(np.prod(S[i + 1:])) for i in range(n))
-                idx[(nn, c) + o] = (nn * C + c) * int(np.prod(S)) + flat
-            elif kind == "avg":
-                y[(nn, c) + o] = sum(vals) / count
-            else:
-                y[(nn, c) + o] = sum(abs(v) ** p for v in vals) ** (1.0 / p)
-    return y, idx
-
+from gpukernels.kernels.nn.pool import (
+    AveragePool,
+    GlobalAveragePool,
+    GlobalLpPool,
+    GlobalMaxPool,
+    LpPool,
+    MaxPool,
+    MaxRoiPool,
+    MaxUnpool,
+)
+from tests.reference import pool, same_pads
 
 POOL_CASES = [
     ((2, 3, 9), dict(kernel_shape=[3], strides=[2])),
@@ -87,8 +33,7 @@ POOL_CASES = [
 ]
 
 
-def _ref_attrs(attrs, shape):
-    n = len(shape) - 2
+def _ref_attrs(attrs):
     return dict(K=attrs["kernel_shape"], strides=attrs.get("strides"), pads=attrs.get("pads"),
                 dilations=attrs.get("dilations"), ceil_mode=attrs.get("ceil_mode", 0))
 
@@ -99,7 +44,7 @@ def test_average_pool(device, rng, shape, attrs, include_pad):
     x = rng.standard_normal(shape).astype(np.float32)
     x0 = x.copy()
     y = AveragePool(KernelContext(device))(x, count_include_pad=include_pad, **attrs).numpy()
-    want, _ = ref_pool(x, "avg", include_pad=include_pad, **_ref_attrs(attrs, shape))
+    want, _ = pool(x, "avg", include_pad=include_pad, **_ref_attrs(attrs))
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(x, x0)
 
@@ -111,7 +56,7 @@ def test_max_pool_with_indices(device, rng, shape, attrs, storage_order):
     k = MaxPool(KernelContext(device))
     k.requested_outputs = (True, True)  # as the runtime does for a node declaring Indices
     res = k(x, storage_order=storage_order, **attrs)
-    want, want_idx = ref_pool(x, "max", storage_order=storage_order, **_ref_attrs(attrs, shape))
+    want, want_idx = pool(x, "max", storage_order=storage_order, **_ref_attrs(attrs))
     np.testing.assert_array_equal(res.Y.numpy(), want.astype(np.float32))
     np.testing.assert_array_equal(res.Indices.numpy(), want_idx)
     both = k.with_indices(x, storage_order=storage_order, **attrs)
@@ -140,7 +85,7 @@ def test_max_pool_int8(device, rng, dtype):
     x = rng.integers(info.min, info.max + 1, size=(2, 2, 5, 5)).astype(dtype)
     x[0, 0] = info.min  # a window of minimum values next to padding: padding must not win
     res = MaxPool(KernelContext(device)).with_indices(x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
-    want, want_idx = ref_pool(x, "max", [3, 3], [2, 2], [1, 1, 1, 1])
+    want, want_idx = pool(x, "max", [3, 3], [2, 2], [1, 1, 1, 1])
     assert res.Y.numpy().dtype == dtype
     np.testing.assert_array_equal(res.Y.numpy(), want.astype(dtype))
     np.testing.assert_array_equal(res.Indices.numpy(), want_idx)
@@ -153,7 +98,7 @@ def test_max_pool_int8(device, rng, dtype):
 def test_lp_pool(device, rng, shape, attrs, p):
     x = rng.standard_normal(shape).astype(np.float32)
     y = LpPool(KernelContext(device))(x, p=p, **attrs).numpy()
-    want, _ = ref_pool(x, "lp", p=p, **_ref_attrs(attrs, shape))
+    want, _ = pool(x, "lp", p=p, **_ref_attrs(attrs))
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
 
 
@@ -170,13 +115,13 @@ def test_pool_auto_pad(device, rng, mode, ceil_mode):
         pads = same_pads([7, 6], K, strides, [1, 1], mode)
         out = [4, 2]
     avg = AveragePool(KernelContext(device))(x, **attrs).numpy()
-    np.testing.assert_allclose(avg, ref_pool(x, "avg", K, strides, pads, out=out)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(avg, pool(x, "avg", K, strides, pads, out=out)[0], rtol=1e-5, atol=1e-6)
     res = MaxPool(KernelContext(device)).with_indices(x, **attrs)
-    want, idx = ref_pool(x, "max", K, strides, pads, out=out)
+    want, idx = pool(x, "max", K, strides, pads, out=out)
     np.testing.assert_array_equal(res.Y.numpy(), want.astype(np.float32))
     np.testing.assert_array_equal(res.Indices.numpy(), idx)
     lp = LpPool(KernelContext(device))(x, **attrs).numpy()
-    np.testing.assert_allclose(lp, ref_pool(x, "lp", K, strides, pads, out=out)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lp, pool(x, "lp", K, strides, pads, out=out)[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype,tol", [(np.float16, 2e-3), (ml_dtypes.bfloat16, 1e-2), (np.float64, 1e-12)])
@@ -187,10 +132,10 @@ def test_pool_dtypes(device, rng, dtype, tol):
     for cls, kind in ((AveragePool, "avg"), (LpPool, "lp")):
         y = cls(KernelContext(device))(x, **attrs).numpy()
         assert y.dtype == np.dtype(dtype)
-        want, _ = ref_pool(xd, kind, [3, 3], [2, 2], [1, 1, 1, 1])
+        want, _ = pool(xd, kind, [3, 3], [2, 2], [1, 1, 1, 1])
         np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol)
     y = MaxPool(KernelContext(device))(x, **attrs).Y.numpy()
-    np.testing.assert_array_equal(y.astype(np.float64), ref_pool(xd, "max", [3, 3], [2, 2], [1, 1, 1, 1])[0])
+    np.testing.assert_array_equal(y.astype(np.float64), pool(xd, "max", [3, 3], [2, 2], [1, 1, 1, 1])[0])
 
 
 def test_pool_errors(rng):
@@ -206,6 +151,134 @@ def test_pool_errors(rng):
     assert "LpPool" in str(info.value) and "float32[1, 2, 4, 4]" in str(info.value)
     with pytest.raises(KernelInputError, match="rank"):
         AveragePool()(x[0, 0], kernel_shape=[2])
+
+
+# ---------------------------------------------------------------- host strided path
+
+STRIDED_CASES = [
+    # the benchmark geometry, small: k3 s2 pad1, even rows (row length a multiple of the stride)
+    ((1, 3, 12, 12), [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0),
+    ((2, 2, 11, 13), [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0),  # odd sizes
+    ((1, 2, 9, 10), [3, 3], [2, 2], [0, 0, 0, 0], [1, 1], 0),  # O < W / s: unused columns
+    ((1, 2, 8, 10), [2, 2], [2, 2], [1, 1, 1, 1], [1, 1], 0),  # O > W / s: no flat pass
+    ((2, 3, 10), [1], [1], [0, 0], [1], 0),
+    ((2, 3, 10), [4], [1], [1, 2], [1], 0),
+    ((2, 3, 17), [3], [3], [2, 1], [1], 0),
+    ((2, 3, 18), [4], [3], [0, 3], [1], 1),
+    ((1, 2, 15), [2], [2], [1, 0], [3], 0),  # dilation
+    ((1, 2, 7, 9), [3, 2], [3, 2], [2, 0, 1, 1], [1, 2], 0),  # asymmetric pads, dilation
+    ((1, 2, 7, 8), [3, 3], [2, 3], [1, 1, 1, 1], [1, 1], 1),  # ceil_mode
+    ((1, 2, 6, 7), [3, 3], [2, 2], [0, 0, 0, 0], [2, 1], 1),
+    ((1, 2, 5, 1), [3, 1], [2, 1], [1, 0, 1, 0], [1, 1], 0),  # rows of length 1
+    ((1, 2, 5, 1), [2, 3], [1, 2], [0, 1, 1, 1], [1, 1], 0),
+    ((1, 2, 1, 6), [1, 3], [1, 2], [0, 1, 0, 1], [1, 1], 0),
+    ((2, 2, 4, 5, 6), [2, 3, 2], [1, 2, 2], [1, 0, 1, 0, 1, 1], [1, 1, 1], 0),  # 3-D
+    ((1, 2, 7, 6, 9), [3, 2, 3], [2, 3, 2], [1, 0, 1, 1, 1, 1], [1, 2, 1], 0),
+    ((1, 1, 5, 6, 7), [2, 2, 4], [3, 1, 3], [0, 0, 2, 1, 1, 1], [1, 1, 1], 1),
+    ((1, 1, 3, 10), [20, 3], [1, 2], [17, 1, 17, 1], [1, 1], 0),  # many edge outputs: window path
+    ((70, 3, 20, 22), [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0),  # several channel blocks
+]
+WINDOW_ONLY = STRIDED_CASES[18]  # 'Pool.windows' declines it: too many edge outputs
+
+
+def _strided_attrs(K, strides, pads, dilations, ceil_mode):
+    return dict(kernel_shape=K, strides=strides, pads=pads, dilations=dilations, ceil_mode=ceil_mode)
+
+
+def _nonzero(rng, shape, dtype=np.float32):
+    x = rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)  # never zero
+    return x.astype(dtype)
+
+
+def _pool_kernel(cls, device, path):
+    return cls(KernelContext(device, options={"paths": path}))
+
+
+def _check_site(taken, device, path, case):
+    """'Pool.windows' runs exactly on the host with specialisations allowed, where it covers."""
+    assert ("Pool.windows" in taken) == (device == "cpu" and path == "auto" and case is not WINDOW_ONLY), taken
+
+
+@pytest.mark.parametrize("case", STRIDED_CASES)
+def test_max_pool_strided(device, path, rng, sites_taken, case):
+    shape, K, s, p, d, cm = case
+    x = _nonzero(rng, shape)
+    with sites_taken() as taken:
+        y = _pool_kernel(MaxPool, device, path)(x, **_strided_attrs(K, s, p, d, cm)).Y.numpy()
+    _check_site(taken, device, path, case)
+    np.testing.assert_array_equal(y, pool(x, "max", K, s, p, d, cm)[0].astype(np.float32))
+
+
+@pytest.mark.parametrize("case", STRIDED_CASES)
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool_strided(device, path, rng, sites_taken, case, include_pad):
+    shape, K, s, p, d, cm = case
+    x = _nonzero(rng, shape)
+    with sites_taken() as taken:
+        y = _pool_kernel(AveragePool, device, path)(x, count_include_pad=include_pad,
+                                                    **_strided_attrs(K, s, p, d, cm)).numpy()
+    _check_site(taken, device, path, case)
+    np.testing.assert_allclose(y, pool(x, "avg", K, s, p, d, cm, include_pad)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [STRIDED_CASES[i] for i in (1, 6, 12, 16)])
+def test_max_pool_strided_nan(device, path, rng, case):
+    """A NaN anywhere in a window gives NaN (as np.maximum does), not only a leading one."""
+    shape, K, s, p, d, cm = case
+    x = _nonzero(rng, shape)
+    x.reshape(-1)[rng.choice(x.size, max(1, x.size // 15), replace=False)] = np.nan
+    y = _pool_kernel(MaxPool, device, path)(x, **_strided_attrs(K, s, p, d, cm)).Y.numpy()
+    np.testing.assert_array_equal(y, pool(x, "max", K, s, p, d, cm)[0].astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("case", [STRIDED_CASES[i] for i in (0, 1, 7, 9, 15)])
+def test_max_pool_strided_int8(device, path, rng, dtype, case):
+    shape, K, s, p, d, cm = case
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+    x[x == 0] = 1
+    y = _pool_kernel(MaxPool, device, path)(x, **_strided_attrs(K, s, p, d, cm)).Y.numpy()
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(y, pool(x, "max", K, s, p, d, cm)[0].astype(dtype))
+
+
+def test_max_pool_strided_window_in_padding(device, path, rng):
+    """Pads larger than the kernel: a window with no input value gives the fill value
+    (-inf, or the dtype minimum) for MaxPool and 0 / 0 = NaN for AveragePool without padding
+    counted."""
+    x = _nonzero(rng, (1, 2, 6, 7))
+    K, s, p = [2, 2], [2, 2], [3, 0, 0, 3]
+    attrs = dict(kernel_shape=K, strides=s, pads=p)
+    y = _pool_kernel(MaxPool, device, path)(x, **attrs).Y.numpy()
+    np.testing.assert_array_equal(y, pool(x, "max", K, s, p)[0].astype(np.float32))
+    assert np.isneginf(y[:, :, 0]).all()
+    xi = rng.integers(1, 100, (1, 2, 6, 7)).astype(np.int8)
+    yi = _pool_kernel(MaxPool, device, path)(xi, **attrs).Y.numpy()
+    assert (yi[:, :, 0] == np.iinfo(np.int8).min).all()
+    with np.errstate(invalid="ignore"):
+        ya = _pool_kernel(AveragePool, device, path)(x, **attrs).numpy()
+    np.testing.assert_allclose(ya[:, :, 1:], pool(x, "avg", K, s, p)[0][:, :, 1:], rtol=1e-5, atol=1e-6)
+    assert np.isnan(ya[:, :, 0]).all()
+
+
+def test_max_pool_strided_non_contiguous_input(device, path, rng):
+    base = _nonzero(rng, (2, 6, 13, 16))
+    x = base[:, ::2, :, 1:15]  # strided channels, rows not contiguous
+    y = _pool_kernel(MaxPool, device, path)(x, **_strided_attrs([3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0)).Y.numpy()
+    np.testing.assert_array_equal(y, pool(x, "max", [3, 3], [2, 2], [1, 1, 1, 1], [1, 1])[0].astype(np.float32))
+
+
+@pytest.mark.parametrize("case", [STRIDED_CASES[i] for i in (0, 1, 9)])
+def test_max_pool_strided_matches_indices_path(device, path, rng, case):
+    """Y alone (the strided path where it runs) equals Y of with_indices (the window path)."""
+    shape, K, s, p, d, cm = case
+    x = _nonzero(rng, shape)
+    k = _pool_kernel(MaxPool, device, path)
+    y = k(x, **_strided_attrs(K, s, p, d, cm)).Y.numpy()
+    r = k.with_indices(x, **_strided_attrs(K, s, p, d, cm))
+    np.testing.assert_array_equal(y, r.Y.numpy())
+    assert r.Indices.numpy().dtype == np.int64
 
 
 # ---------------------------------------------------------------- global pools
@@ -240,22 +313,22 @@ def test_global_pools_half(device, rng):
 
 def test_max_unpool_roundtrip(device, rng):
     x = (np.abs(rng.standard_normal((2, 3, 6, 4))) + 0.1).astype(np.float32)  # > 0: zeros never win
-    pool = MaxPool(KernelContext(device)).with_indices(x, kernel_shape=[2, 2], strides=[2, 2])
+    pooled = MaxPool(KernelContext(device)).with_indices(x, kernel_shape=[2, 2], strides=[2, 2])
     k = MaxUnpool(KernelContext(device))
-    y = k(pool.Y, pool.Indices, kernel_shape=[2, 2], strides=[2, 2]).numpy()
+    y = k(pooled.Y, pooled.Indices, kernel_shape=[2, 2], strides=[2, 2]).numpy()
     want = np.zeros(x.size, np.float32)
-    want[pool.Indices.numpy().reshape(-1)] = pool.Y.numpy().reshape(-1)
+    want[pooled.Indices.numpy().reshape(-1)] = pooled.Y.numpy().reshape(-1)
     np.testing.assert_array_equal(y.reshape(-1), want)
     # unpooled then pooled again gives back the pooled values
     again = MaxPool(KernelContext(device))(y, kernel_shape=[2, 2], strides=[2, 2]).Y.numpy()
-    np.testing.assert_array_equal(again, pool.Y.numpy())
+    np.testing.assert_array_equal(again, pooled.Y.numpy())
     # output_shape larger than the unpooled size pads after it (the spec's example)
-    big = k(pool.Y, pool.Indices, np.array([2, 3, 7, 5]), kernel_shape=[2, 2], strides=[2, 2]).numpy()
+    big = k(pooled.Y, pooled.Indices, np.array([2, 3, 7, 5]), kernel_shape=[2, 2], strides=[2, 2]).numpy()
     assert big.shape == (2, 3, 7, 5)
     np.testing.assert_array_equal(big[:, :, :6, :4], y)
     assert not big[:, :, 6:, :].any() and not big[:, :, :, 4:].any()
     with pytest.raises(KernelInputError, match="smaller than the unpooled size"):
-        k(pool.Y, pool.Indices, np.array([2, 3, 5, 4]), kernel_shape=[2, 2], strides=[2, 2])
+        k(pooled.Y, pooled.Indices, np.array([2, 3, 5, 4]), kernel_shape=[2, 2], strides=[2, 2])
 
 
 def test_max_unpool_default_shape_and_errors(device):

@@ -1,4 +1,7 @@
-"""RotaryEmbedding vs a float64 reference with explicit loops over pairs."""
+"""RotaryEmbedding vs the float64 reference of tests/reference (explicit loops over pairs),
+on both paths: the host path (_rotate_host) rotates interleaved pairs by complex
+multiplies and split halves in four full-width passes, in blocks of heads (4-D) or
+positions (3-D) over the host threads."""
 
 from __future__ import annotations
 
@@ -9,32 +12,7 @@ import pytest
 from gpukernels.errors import KernelInputError, KernelTypeError
 from gpukernels.kernels import KernelContext
 from gpukernels.kernels.nn.rotary import RotaryEmbedding
-
-
-def naive(x, cos, sin, pos=None, interleaved=0, num_heads=None, rd=0):
-    x = np.asarray(x, np.float64)
-    cos, sin = np.asarray(cos, np.float64), np.asarray(sin, np.float64)
-    if x.ndim == 3:
-        B, S, hid = x.shape
-        x4 = x.reshape(B, S, num_heads, hid // num_heads).transpose(0, 2, 1, 3)
-    else:
-        x4 = x
-    B, H, S, hd = x4.shape
-    rd = rd or hd
-    y = x4.copy()
-    for b in range(B):
-        for s in range(S):
-            c = cos[pos[b, s]] if pos is not None else cos[b, s]
-            sn = sin[pos[b, s]] if pos is not None else sin[b, s]
-            for h in range(H):
-                for i in range(rd // 2):
-                    a_i, b_i = (2 * i, 2 * i + 1) if interleaved else (i, i + rd // 2)
-                    xa, xb = x4[b, h, s, a_i], x4[b, h, s, b_i]
-                    y[b, h, s, a_i] = c[i] * xa - sn[i] * xb
-                    y[b, h, s, b_i] = sn[i] * xa + c[i] * xb
-    if x.ndim == 3:
-        y = y.transpose(0, 2, 1, 3).reshape(x.shape)
-    return y
+from tests.reference import rotary as naive
 
 
 def caches(rng, n, half):
@@ -132,3 +110,62 @@ def test_large_inputs_in_blocks(device, rng, shape):
     pos = rng.integers(0, S + 3, (shape[0], S))
     y = RotaryEmbedding(KernelContext(device))(x, cos, sin, pos, num_heads=2 if len(shape) == 3 else None)
     np.testing.assert_allclose(y.numpy(), vectorized(x, cos, sin, pos, 2), rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- host path
+
+
+def rotary_kernel(device, path):
+    return RotaryEmbedding(KernelContext(device, options={"paths": path}))
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("rd", [0, 6, 10])
+@pytest.mark.parametrize("block", [1 << 16, 7, 1])
+def test_host_blocks(device, path, rng, tuning, sites_taken, rank, interleaved, rd, block):
+    """Blocks of one or several heads/positions, odd counts, partial rotation."""
+    tuning({"rotary.host_block_elems": block})
+    B, H, S, hd = 2, 5, 7, 14
+    x = rng.standard_normal((B, H, S, hd) if rank == 4 else (B, S, H * hd)).astype(np.float32)
+    half = (rd or hd) // 2
+    cos, sin = caches(rng, 13, half)
+    pos = rng.integers(0, 13, (B, S))
+    with sites_taken() as taken:
+        y = rotary_kernel(device, path)(x, cos, sin, pos, interleaved=interleaved,
+                                        num_heads=H if rank == 3 else None, rotary_embedding_dim=rd)
+    assert ("RotaryEmbedding.rotate" in taken) == (device == "cpu" and path == "auto")
+    np.testing.assert_allclose(y.numpy(), naive(x, cos, sin, pos, interleaved, H, rd), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("dtype,tol", [(np.float16, 2e-3), (ml_dtypes.bfloat16, 2e-2)])
+def test_host_dtypes_no_pos(device, path, rng, interleaved, dtype, tol):
+    B, H, S, hd = 2, 3, 6, 8
+    x = rng.standard_normal((B, H, S, hd)).astype(dtype)
+    c, s = caches(rng, B * S, hd // 2)
+    cos, sin = c.reshape(B, S, -1).astype(dtype), s.reshape(B, S, -1).astype(dtype)
+    y = rotary_kernel(device, path)(x, cos, sin, interleaved=interleaved)
+    assert y.numpy().dtype == np.dtype(dtype)
+    ref = naive(x.astype(np.float64), cos.astype(np.float64), sin.astype(np.float64), None, interleaved, H, 0)
+    np.testing.assert_allclose(y.numpy().astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_host_non_contiguous_input(device, path, rng, interleaved):
+    """X given as a transposed view: the host path works on a contiguous copy."""
+    B, H, S, hd = 1, 4, 5, 8
+    base = rng.standard_normal((B, S, H, hd)).astype(np.float32)
+    x = base.transpose(0, 2, 1, 3)  # (B, H, S, hd), not contiguous
+    cos, sin = caches(rng, 9, hd // 2)
+    pos = rng.integers(0, 9, (B, S))
+    y = rotary_kernel(device, path)(x, cos, sin, pos, interleaved=interleaved)
+    np.testing.assert_allclose(y.numpy(), naive(x, cos, sin, pos, interleaved, H, 0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(x, base.transpose(0, 2, 1, 3))  # input untouched
+
+
+def test_host_empty(device, path, rng):
+    cos, sin = caches(rng, 4, 4)
+    x = np.zeros((1, 3, 0, 8), np.float32)
+    y = rotary_kernel(device, path)(x, cos, sin, np.zeros((1, 0), np.int64))
+    assert y.shape == (1, 3, 0, 8)

@@ -1,0 +1,268 @@
+"""Host and GPU tuning constants: one table, each entry with its unit, what it trades off
+and where it was measured.
+
+A tuning constant changes speed or memory, never results beyond float rounding: block
+and chunk sizes, thread thresholds, cost-model weights, workspace sizes.  Not here: spec
+constants (polynomial coefficients), accuracy bounds (Softmax's ``_DOT_SUM_MAX``,
+LinearAttention's ``_FACTOR_LIMIT``), safety limits (``max_tensor_bytes``) and option
+defaults (``attention_block_bytes``): those stay with their code.  Nor are tile sizes
+that must equal a constant of a CUDA source (gpu/conv.py ``BN`` is conv.cu's ``BN``,
+gpu/linear_attention.py ``CHUNK`` is linear_attention.cu's ``C``).
+
+Kernels read an entry where they choose a path or a block size, ``tuning.value(name)``
+(one dict lookup), so that ``override`` takes effect on the next call.  A kernel that
+caches a plan keeps the value it planned with.
+
+``override`` is a test hook, and not thread-safe by design: it changes the process-wide
+table for the duration of a ``with`` block (tests/conftest.py's ``tuning`` fixture wraps
+it).  Nothing in gpukernels calls it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from ..errors import OptionError
+
+# Where the measured entries were measured (benchmarks/RESULTS.md, session 3).
+DEV = "dev machine (2 vCPUs of an Intel Sapphire Rapids host, AVX-512), 2026-11-29"
+_CHOSEN = f"chosen on the {DEV}; no figures kept"
+_DEFAULT = "not measured: a safe default"
+
+
+def _on_dev(figures: str) -> str:
+    return f"{DEV}: {figures}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tuning constant: ``name`` is "<kernel>.<what>", ``value`` an int or float."""
+
+    name: str
+    value: int | float
+    unit: str
+    trade: str
+    measured: str
+
+
+_KiB, _MiB = 1 << 10, 1 << 20
+
+_ENTRIES = (
+    # ------------------------------------------------------------ nn/attention.py
+    Entry("attention.host_block_bytes", _MiB, "bytes",
+          "score bytes per block of the host path (capped by the option attention_block_bytes): "
+          "bigger blocks mean fewer BLAS calls, smaller keep exp2 and the row sums in cache",
+          _CHOSEN),
+    Entry("attention.host_causal_rows", 128, "query rows",
+          "rows per causal block: smaller blocks skip more masked keys, but call BLAS more often", _CHOSEN),
+    Entry("attention.few_rows", 8, "query rows per KV head",
+          "up to this many rows, scores are K @ q^T (decoding, a matrix-vector-like product) "
+          "instead of Q @ K^T", _CHOSEN),
+    # ------------------------------------------------------------ nn/norm.py
+    Entry("batch_norm.host_block_bytes", _MiB, "bytes",
+          "block of the host scale-and-shift: the add reads the product while it is in cache, "
+          "against per-block call overhead", _CHOSEN),
+    Entry("norm.host_row_block_bytes", 4 * _MiB, "bytes",
+          "row block of host LayerNormalization/RMSNormalization: ~10 NumPy calls per block "
+          "against cache size",
+          _on_dev("4 MiB blocks 15-20% faster than 1 MiB on LayerNormalization 32x512x768")),
+    # ------------------------------------------------------------ nn/conv_transpose.py
+    Entry("conv_transpose.phase_scatter_cost", 60, "GEMM multiply-adds",
+          "cost of one strided col2im add (stride > 1) in the host cost model that picks the "
+          "phase-split GEMM over scatter-adds", _on_dev("float32")),
+    Entry("conv_transpose.phase_scatter_cost_s1", 35, "GEMM multiply-adds",
+          "the same with every stride 1 (contiguous adds)", _on_dev("float32")),
+    Entry("conv_transpose.phase_weight_cost", 150, "GEMM multiply-adds",
+          "one element of the phase weight matrix, built on every call", _on_dev("float32")),
+    Entry("conv_transpose.pooled_scratch_bytes", 256 * _KiB, "bytes",
+          "scratch this big or bigger comes from the host buffer pool: page faults of fresh "
+          "arrays against the pool's bookkeeping", _DEFAULT),
+    # ------------------------------------------------------------ nn/_pool_host.py, nn/pool.py
+    Entry("pool.host_block_bytes", _MiB, "bytes",
+          "block of the host strided-taps pooling with its scratch copies: cache against "
+          "per-block overhead", _on_dev("best at 0.5-1 MiB")),
+    Entry("pool.host_thread_bytes", 32 * _MiB, "input bytes per thread",
+          "before the host pooling splits over threads: a thread pays only for work of "
+          "several ms (an idle vCPU wakes 0.2-1.8 ms late)", _CHOSEN),
+    Entry("pool.pooled_bytes", 64 * _KiB, "bytes",
+          "host pooling outputs and scratch this big or bigger come from the buffer pool",
+          _DEFAULT),
+    Entry("pool.host_window_block_bytes", 512 * _KiB, "bytes",
+          "padded input per block of the window (reference) path on the host; the GPU takes "
+          "the whole workspace", _CHOSEN),
+    # ------------------------------------------------------------ nn/_lstm_host.py
+    Entry("lstm.small_product", 1 << 19, "multiply-adds",
+          "largest step product OpenBLAS runs in the calling thread; bigger ones are split "
+          "into row blocks under it (its thread pool stalls on a busy core)", _CHOSEN),
+    Entry("lstm.min_block_rows", 16, "rows",
+          "fewest rows of one block of a split step product", _CHOSEN),
+    Entry("lstm.projection_cols", 128, "columns (steps x batch)",
+          "one chunk of the input projection run alongside the recurrence", _CHOSEN),
+    Entry("lstm.sub_cols", 32, "columns",
+          "one product inside a projection chunk",
+          _on_dev("32 columns 15-20% faster than 128 (256 inputs)")),
+    Entry("lstm.pooled_scratch_bytes", 64 * _KiB, "bytes",
+          "host scratch and outputs this big or bigger come from the buffer pool", _DEFAULT),
+    # ------------------------------------------------------------ nn/rotary.py
+    Entry("rotary.host_block_elems", 1 << 16, "elements of X",
+          "block of the host rotation: the passes over a block run in cache", _CHOSEN),
+    # ------------------------------------------------------------ nn/linear_attention.py
+    Entry("linear_attention.recurrent_max_t", 16, "steps",
+          "mode 'auto': sequences up to this long run the step recurrence, longer ones the "
+          "chunked form", _DEFAULT),
+    # ------------------------------------------------------------ gpu/linear_attention.py
+    Entry("linear_attention.cuda_recurrent_max_t", 64, "steps",
+          "CUDA mode 'auto': sequences up to this long run the recurrent kernel (one launch, "
+          "T dependent steps), longer ones the chunked kernels (parallel within a chunk)",
+          _DEFAULT),
+    Entry("linear_attention.cuda_workspace_bytes", 64 * _MiB, "bytes",
+          "chunk-local workspace of one launch pair of the chunked CUDA kernels: more chunks "
+          "per launch (fewer launches) against GPU memory", _DEFAULT),
+    # ------------------------------------------------------------ gpu/attention.py
+    Entry("attention.cuda_max_splits", 64, "key splits",
+          "most blocks one query row's keys are split over when few blocks would run "
+          "(decoding): parallelism against the partial-result workspace and the combine "
+          "kernel", _DEFAULT),
+    # ------------------------------------------------------------ signal/dft.py
+    Entry("dft.thread_items", 1 << 16, "signal elements per thread",
+          "before a host DFT splits its signals over threads", _CHOSEN),
+    # ------------------------------------------------------------ math/reductions.py
+    Entry("reduce.thread_items", 1 << 18, "input elements per thread",
+          "before a host reduction splits over threads", _CHOSEN),
+    Entry("arg_reduce.thread_items", 1 << 20, "input elements per thread",
+          "before a host ArgMax/ArgMin splits over threads", _CHOSEN),
+    # ------------------------------------------------------------ math/_mathcommon.py
+    Entry("elementwise.block_elems", 1 << 16, "elements",
+          "block of the host blockwise evaluation of a long elementwise chain (Erf, Mish...): "
+          "the chain's temporaries in L2 against per-block call overhead",
+          _on_dev("Mish on 8M elements 1.7x faster than with 1 << 14")),
+    # ------------------------------------------------------------ math/softmax.py
+    Entry("softmax.host_block_elems", 1 << 16, "elements",
+          "block of whole slices along a non-last axis: every pass runs in cache", _CHOSEN),
+    Entry("softmax.row_block_elems", 1 << 20, "elements",
+          "row block of the host row path: a few NumPy calls per block against cache size",
+          _on_dev("1 << 20 15-20% faster than 1 << 17 on Softmax 32x512x3072")),
+    # ------------------------------------------------------------ tensor/
+    Entry("transpose.tile", 64, "elements",
+          "of the output's last axis copied per pass of a tiled host transpose", _CHOSEN),
+    Entry("transpose.tiled_min_elems", _MiB, "elements",
+          "smallest strided copy that takes the tiled host transpose", _CHOSEN),
+    Entry("transpose.thread_elems", _MiB, "elements per thread",
+          "before the tiled host transpose splits over threads (a copy of a few ms)", _CHOSEN),
+    Entry("gather.thread_bytes", _MiB, "output bytes per thread",
+          "before a host Gather splits over threads", _CHOSEN),
+    Entry("grid_sample.gather_chunk_elems", _MiB, "elements",
+          "gathered taps held at once by the reference path (a workspace bound)", _DEFAULT),
+    Entry("grid_sample.host_block_elems", 1 << 19, "elements",
+          "one (channels, taps, points) gather buffer of the host path",
+          _on_dev("8-10% faster than 1 << 17 with two threads")),
+    Entry("grid_sample.taps_points", 1 << 13, "grid points",
+          "whose taps the host computes at once (cache-sized)", _CHOSEN),
+    Entry("grid_sample.thread_work", _MiB, "gathered tap elements per thread",
+          "about 1 ms of work per extra host thread", _CHOSEN),
+    Entry("resize.band_block", 16, "outputs",
+          "per block of the banded-matmul resize", _CHOSEN),
+    Entry("resize.band_min_rows", 64, "rows",
+          "fewest interpolated rows per block for the banded matmul; fewer take the taps",
+          _CHOSEN),
+    Entry("scatter.parallel_assign", _MiB, "update elements per thread",
+          "before a host ScatterND row assignment splits over threads", _CHOSEN),
+    # ------------------------------------------------------------ detection.py
+    Entry("nms.block", 128, "candidates",
+          "per block of NonMaxSuppression's vectorised (reference) path", _DEFAULT),
+    Entry("nms.host_pairs", 1 << 30, "(batch, class) pairs",
+          "up to this many live pairs the host runs one pair at a time (the loop), else the "
+          "vectorised blocks", _on_dev("the loop 2-3x faster than the blocks even for 80 classes")),
+    Entry("nms.pair_budget", 1 << 21, "candidate pairs",
+          "most pairs one host sweep lists (a few int64 workspaces of this size); a pair "
+          "needing more goes through the blocks", _DEFAULT),
+    Entry("nms.greedy_loop_edges", 4096, "edges",
+          "up to this many suppression edges are resolved by a Python loop, more by arrays",
+          _CHOSEN),
+    # ------------------------------------------------------------ ml/tree.py
+    Entry("tree.chunk_pairs_cpu", 1 << 16, "(sample, tree) pairs",
+          "per evaluation chunk of a tree ensemble on the host: a chunk's gathers in cache",
+          _DEFAULT),
+    Entry("tree.chunk_pairs_cuda", 1 << 22, "(sample, tree) pairs",
+          "per evaluation chunk on a GPU: few, large launches against workspace", _DEFAULT),
+    Entry("tree.dense_max_entries", 1 << 21, "table entries",
+          "largest [node, target] table of leaf values (16 MiB of float64) reduced by one "
+          "gather; bigger ensembles scatter per contribution slot",
+          _DEFAULT),
+    # ------------------------------------------------------------ codec.py
+    Entry("codec.encode_chunk_cpu", 1 << 16, "elements",
+          "per pass of the float32 encode to bfloat16/float8 on the host: the temporaries "
+          "stay in cache", _DEFAULT),
+    Entry("codec.encode_chunk_cuda", 1 << 24, "elements",
+          "per pass of the float32 encode on a GPU: bounds the workspace", _DEFAULT),
+    # ------------------------------------------------------------ evaluation/api.py
+    Entry("evaluation.batch_bytes", 4 * _MiB, "input bytes",
+          "default batch of gpukernels eval (no --batch): task overhead against worker "
+          "memory", _DEFAULT),
+    Entry("evaluation.max_batch", 256, "samples",
+          "most samples of a default batch", _DEFAULT),
+)
+
+# Not moved yet (their modules were being edited by others), current values:
+# TODO(lead): nn/conv.py          _CACHE_BLOCK_BYTES      = 256 KiB
+# TODO(lead): nn/_conv_host.py    DEPTHWISE_THREAD_ITEMS  = 1 << 22   (measured on a 2-core VM)
+#                                 OUTPUT_POOL_BYTES       = 1 << 18
+#                                 HOST_COLS_BYTES         = 8 MiB     (2-core AVX-512 host)
+#                                 DEPTHWISE_TAPS_BYTES    = 1 << 19   (5-15% faster than 1 MiB)
+# TODO(lead): nn/_spatial.py      WORKSPACE_BYTES         = 256 MiB
+#                                 CPU_CHUNK_BYTES         = 8 MiB     (2-core x86: 4-16 MiB best)
+# TODO(lead): math/activations.py _LOGISTIC_BLOCK         = 1 << 16
+#                                 _GELU_BLOCK             = 1 << 17
+# TODO(lead): xp.py / host/       copy_array: threaded from 4 MiB, 1 MiB per thread;
+#                                 output pool from 4 MiB; default threads min(cores, 8)
+# TODO(lead): runtime/body.py     _FREE_BYTES = 1 << 15, _STAND_IN_BYTES = 1 << 12
+
+_TABLE = {e.name: e for e in _ENTRIES}
+_VALUES = {e.name: e.value for e in _ENTRIES}  # what value() returns; override() edits it
+
+
+def value(name: str) -> int | float:
+    """The current value of the entry ``name`` (OptionError when unknown)."""
+    try:
+        return _VALUES[name]
+    except KeyError:
+        raise _unknown(name) from None
+
+
+def table() -> tuple[Entry, ...]:
+    """Every entry, with its current value."""
+    return tuple(replace(e, value=_VALUES[e.name]) for e in _ENTRIES)
+
+
+@contextmanager
+def override(**values):
+    """Test hook: ``with override(**{"attention.host_block_bytes": 4096}): ...`` sets
+    entries for the block and restores them after.  Changes the process-wide table: not
+    for use while other threads run kernels."""
+    for name, new in values.items():
+        _check(name, new)
+    saved = {name: _VALUES[name] for name in values}
+    _VALUES.update(values)
+    try:
+        yield
+    finally:
+        _VALUES.update(saved)
+
+
+def _check(name, new):
+    entry = _TABLE.get(name)
+    if entry is None:
+        raise _unknown(name)
+    kind = numbers.Integral if isinstance(entry.value, int) else numbers.Real
+    if isinstance(new, bool) or not isinstance(new, kind):
+        raise OptionError(f"tuning entry {name!r} takes {'an int' if kind is numbers.Integral else 'a number'} "
+                          f"({entry.unit}), got {new!r} ({type(new).__name__})")
+
+
+def _unknown(name) -> OptionError:
+    close = difflib.get_close_matches(str(name), _TABLE, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return OptionError(f"unknown tuning entry {name!r}{hint}")
