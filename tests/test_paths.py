@@ -306,7 +306,51 @@ CASES = {
                         r.random((2, 3, 300)).astype(np.float32), _int64([40]), np.array([0.4], np.float32),
                         np.array([0.2], np.float32)], {}, 0, 0),
     ],
+    # erf (math/_mathcommon.py): the rational float32 approximation against scipy.special.erf
+    "Erf.float32:_erf32_host": [
+        Case("Erf", lambda r: [_f32(r, 40, 250, scale=2.0)], {}, 6e-7, 1e-37, (6e-7, 1e-37)),
+    ],
+    "Elementwise.blocks:_blockwise_host": [  # exact for the blocks: see test_blockwise_blocks_are_exact
+        Case("Erf", lambda r: [_f32(r, 3, 512, 301, scale=2.0)], {}, 6e-7, 1e-37, (6e-7, 1e-37)),
+    ],
 }
+
+# Conv and Clip host paths (issue 15, CNN speed): 1x1 products with the bias inside, im2col
+# products written into the output, depthwise blocks of other ranks on the host threads,
+# NumPy's one-pass clip, and the channels-last depthwise taps for tiny planes
+_CLIP_BOUNDS = [np.array(0, np.float32), np.array(6, np.float32)]
+CASES.update({
+    "Conv.pointwise:_pointwise_host": [
+        Case("Conv", lambda r: [_f32(r, 2, 8, 13, 11), _f32(r, 24, 8, 1, 1), _f32(r, 24)], {},
+             1e-5, 1e-5, (1e-5, 1e-5)),  # fewer input than output channels: the bias in the product
+        Case("Conv", lambda r: [_f32(r, 1, 32, 10, 9), _f32(r, 16, 32, 1, 1), _f32(r, 16)],
+             {"strides": [2, 3]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+        Case("Conv", lambda r: [_f32(r, 2, 6, 7, 7), _f32(r, 5, 6, 1, 1)], {}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    ],
+    "Conv.product:_product_host": [  # grouped: two chunks of one whole image each
+        Case("Conv", lambda r: [_f32(r, 2, 64, 48, 48), _f32(r, 32, 32, 3, 3, scale=0.2), _f32(r, 32)],
+             {"group": 2, "pads": [1, 1, 1, 1]}, 0, 0, (1e-5, 1e-5)),
+    ],
+    "Conv.depthwise:_depthwise_nd_host": [
+        Case("Conv", lambda r: [_f32(r, 2, 12, 50), _f32(r, 24, 1, 5), _f32(r, 24)],
+             {"group": 12, "pads": [2, 1], "strides": [2]}, 0, 0, (1e-5, 1e-5)),
+        Case("Conv", lambda r: [_f32(r, 1, 6, 5, 6, 7), _f32(r, 6, 1, 3, 3, 3)],
+             {"group": 6, "pads": [1, 1, 1, 1, 1, 1], "dilations": [1, 2, 1]}, 0, 0, (1e-5, 1e-5)),
+    ],
+    "Clip.bounds:_clip_host": [
+        Case("Clip", lambda r: [_f32(r, 64, 1000, scale=4.0)] + _CLIP_BOUNDS, {}, 0, 0, (0, 0)),
+        Case("Clip", lambda r: [_f32(r, 3, 70, scale=4.0), None, _CLIP_BOUNDS[1]], {}, 0, 0, (0, 0)),
+        Case("Clip", lambda r: [r.integers(-100, 100, (40, 30)).astype(np.int32), np.array(-7, np.int32),
+                                np.array(50, np.int32)], {}, 0, 0),
+        Case("Clip", lambda r: [_f32(r, 5, 40)], {"min": -0.5, "max": 0.5}, 0, 0, (0, 0), opset=6),
+    ],
+})
+CASES["Conv.depthwise:_depthwise_2d_host"] += [  # tiny planes: channels-last taps
+    Case("Conv", lambda r: [_f32(r, 2, 160, 3, 3), _f32(r, 160, 1, 3, 3), _f32(r, 160)],
+         {"group": 160, "pads": [1, 1, 1, 1]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    Case("Conv", lambda r: [_f32(r, 2, 200, 6, 6), _f32(r, 200, 1, 5, 5)],
+         {"group": 200, "pads": [2, 2, 2, 2], "strides": [2, 2]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+]
 
 # the hand-written CUDA kernels: compared with the array path by tests/gpu
 CUDA_KERNEL_SITES = {"Attention.cuda_kernel", "Conv.cuda_kernel", "LinearAttention.cuda_kernel",
@@ -380,3 +424,45 @@ def test_parity_compares_paths_on_one_device():
     report = compare(model, devices=("cpu",), paths=("reference", "auto"), all_nodes=True, rtol=1e-4, atol=1e-5)
     assert report.baseline == "cpu[reference]" and [r.label for r in report.sides] == ["cpu[auto]"]
     assert report.passed
+
+
+def test_blockwise_blocks_are_exact():
+    """'Elementwise.blocks' gives the reference's values exactly (the same elementwise
+    chain on blocks), for several blocks, a ragged last one, a second operand and another
+    output dtype."""
+    from gpukernels.kernels.math import _mathcommon
+
+    rng = np.random.default_rng(5)
+    x = _f32(rng, 5 * _mathcommon._BLOCK + 17, 1)
+    y = _f32(rng, x.size, 1)
+    chain = [lambda a: np.tanh(a * np.float32(1.5)) * a + np.float32(0.25),
+             lambda a, b: np.hypot(a, b) * np.exp(-a * b)]
+    for fn, others, out_dtype in ((chain[0], (), None), (chain[1], (y,), None),
+                                  (lambda a: (a > 0.1).astype(np.float64), (), np.float64)):
+        got = {}
+        for paths in ("auto", "reference"):
+            kernel = KernelBase.__new__(KernelBase)
+            kernel.ctx = KernelContext("cpu", options={"paths": paths})
+            with specialize.recording() as chosen:
+                got[paths] = _mathcommon.blockwise(np, fn, x, out_dtype, *others, kernel=kernel)
+            assert [s.site for s in chosen] == (["Elementwise.blocks"] if paths == "auto" else [])
+        assert got["auto"].dtype == got["reference"].dtype and got["auto"].shape == (x.size, 1)
+        np.testing.assert_array_equal(got["auto"], got["reference"])
+
+
+@pytest.mark.parametrize("shape,dtype,want", [((40, 52), np.float32, ["Erf.float32"]),
+                                              ((40, 51), np.float64, []), ((2047,), np.float32, []),
+                                              ((600, 600), np.float32, ["Erf.float32", "Elementwise.blocks"])])
+def test_erf_paths(shape, dtype, want):
+    """Which erf a host Erf takes: the rational approximation for float32 from 2048
+    elements (blocked above 4 blocks), scipy.special.erf otherwise; both within 6e-7 of
+    the float64 erf (scipy, independent of the kernel)."""
+    from scipy.special import erf as erf64
+
+    x = (np.random.default_rng(3).standard_normal(shape) * 2).astype(dtype)
+    with specialize.recording() as chosen:
+        got = _arrays(_run("Erf", AUTO, [x], {}))[0]
+    assert [s.site for s in chosen] == want
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, erf64(x.astype(np.float64)), rtol=6e-7 if dtype == np.float32 else 1e-15,
+                               atol=1e-37)

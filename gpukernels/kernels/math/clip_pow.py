@@ -3,7 +3,10 @@
 Clip: opset 1 and 6 take min/max as attributes (opset 1: absent means unbounded; opset
 6: defaults -FLT_MAX/FLT_MAX), opset 11+ as optional one-element inputs (absent means
 the type's lowest/highest).  The result is Min(max, Max(input, min)), so min > max gives
-max everywhere; NaN inputs stay NaN.
+max everywhere; NaN inputs stay NaN.  One output array, written in place; on the host
+one pass of NumPy's clip (``Clip.bounds``; float32 ReLU6 on a 2-core host, 2x48x48x48:
+346 -> 57 us, 1x32x112x112: 620 -> 76 us); compiled graphs call it without per-call
+validation (``Clip.array_function``).
 
 Mod: fmod=1 is C fmod (result has the dividend's sign); fmod=0 is floored modulo (the
 divisor's sign), for integers at every version and for floats from opset 28 (earlier
@@ -34,9 +37,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...host import host_empty
+from ...xp import to_host
 from ..base import KernelBase, register
 from ..specialize import specialize
-from ...xp import host_empty
 from ._mathcommon import broadcast_shape, legacy_broadcast, scalar_value
 
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -46,13 +50,9 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 class Clip(KernelBase):
     def __call__(self, input, min=None, max=None, consumed_inputs=None):
         x = self.tensor(input, "input")
-        xp = self.xp
         if self.since_version < 11:
             self.check_inputs(x)
-            lo, hi = min, max
-            if self.since_version >= 6:
-                lo = -_FLT_MAX if lo is None else lo
-                hi = _FLT_MAX if hi is None else hi
+            lo, hi = self._attribute_bounds(min, max)
         else:
             tmin = self.tensor(min, "min", optional=True)
             tmax = self.tensor(max, "max", optional=True)
@@ -62,17 +62,87 @@ class Clip(KernelBase):
         xc = self.to_compute(x)
         if xc.size == 0:
             return self.from_compute(xc, x.data_type)
-        dt = xc.dtype
-        y = xc
-        if lo is not None:
-            lo = dt.type(np.float64(lo)) if dt.kind == "f" else dt.type(lo)
-            y = xp.maximum(y, lo)
+        return self.from_compute(self._clip_function(xc)(xc, lo, hi), x.data_type)
+
+    def _attribute_bounds(self, lo, hi):
+        """Opset 1 and 6 take the bounds as attributes (opset 6: +-FLT_MAX by default)."""
+        if self.since_version >= 6:
+            lo = -_FLT_MAX if lo is None else lo
+            hi = _FLT_MAX if hi is None else hi
+        return lo, hi
+
+    def _clip_function(self, xc):
+        """f(x, lo, hi): x clipped to the bounds (None: unbounded on that side), the
+        bounds converted to x's type; the host specialisation or the reference."""
+        fast = self.specialized("Clip.bounds", xc)
+        step = fast if fast is not None else _clip_reference
+        xp = self.xp
+
+        def clip(x, lo, hi):
+            dt = x.dtype
+            return step(xp, x, None if lo is None else _bound(dt, lo), None if hi is None else _bound(dt, hi))
+
+        return clip
+
+    def array_function(self, inputs, attrs):
+        """Compiled graphs: natively computed types, every given bound an input (opset
+        11+) or an attribute; the bounds are read at each call."""
+        from .arith import native_compute
+
+        if not native_compute(inputs) or inputs[0].array.size == 0:
+            return None
+        clip = self._clip_function(inputs[0].array)
+        if self.since_version < 11:
+            if len(inputs) != 1:
+                return None
+            lo, hi = self._attribute_bounds(attrs.get("min"), attrs.get("max"))
+            return lambda x: clip(x, lo, hi)
+        if len(inputs) == 1:
+            return lambda x: clip(x, None, None)
+        if len(inputs) == 2:
+            return lambda x, lo: clip(x, _host_scalar(lo), None)
+        return lambda x, lo, hi: clip(x, _host_scalar(lo), _host_scalar(hi))
+
+
+def _host_scalar(a):
+    """The one value of a one-element bound array as a host NumPy scalar (a device
+    array is copied to the host, as the kernel's scalar_value does)."""
+    return to_host(a).reshape(-1)[0]
+
+
+def _bound(dt, value):
+    """A bound as a scalar of x's compute type dt (floats through float64)."""
+    return dt.type(np.float64(value)) if dt.kind == "f" else dt.type(value)
+
+
+def _clip_reference(xp, x, lo, hi):
+    """Min(hi, Max(x, lo)) into one new array (so lo > hi gives hi; NaN stays NaN)."""
+    y = xp.empty_like(x)
+    if lo is not None:
+        xp.maximum(x, lo, out=y)
         if hi is not None:
-            hi = dt.type(np.float64(hi)) if dt.kind == "f" else dt.type(hi)
-            y = xp.minimum(y, hi)
-        if y is xc:
-            y = xc.copy()
-        return self.from_compute(y, x.data_type)
+            xp.minimum(y, hi, out=y)
+    elif hi is not None:
+        xp.minimum(x, hi, out=y)
+    else:
+        y[...] = x
+    return y
+
+
+@specialize("Clip.bounds", device="cpu", ops=("Clip",),
+            agreement="exact (equal values; a -0 input may keep its sign where the reference's "
+                      "maximum gives +0: IEEE leaves the sign of equal zeros open)")
+def _clip_host(xp, x, lo, hi):
+    """NumPy's clip with both bounds, the type's extremes standing in for an absent one:
+    one pass, 4-6x faster than maximum and minimum with a scalar (which NumPy 2.4 does
+    not vectorise) or a one-sided clip.  NumPy's clip is min(max(x, lo), hi) too: lo >
+    hi gives hi, NaN stays NaN."""
+    dt = x.dtype
+    if lo is None:
+        lo = dt.type(-np.inf) if dt.kind == "f" else np.iinfo(dt).min
+    if hi is None:
+        hi = dt.type(np.inf) if dt.kind == "f" else np.iinfo(dt).max
+    return np.clip(x, lo, hi, out=host_empty(x.shape, dt))
 
 
 @register()

@@ -15,8 +15,15 @@ Paths (all on the array namespace, so they run on NumPy and CuPy alike):
   the zero padding is applied per chunk too (only the rows a chunk reads), so the
   scratch never exceeds the bound plus one padded row block, whatever the input size.
 
-2-D convolutions on the host take the NumPy-only paths of _conv_host.py instead (a
-phase-split column matrix, tap products without one, depthwise as per-channel products).
+Host specialisations (registered, chosen by the kernel; paths='reference' turns them
+off): 1x1 convolutions of one group are one product per image with the bias inside
+when that is cheaper (``Conv.pointwise``); 2-D convolutions take the NumPy-only paths
+of _conv_host.py (``Conv.dense``: a
+phase-split column matrix, or tap products without one; ``Conv.depthwise``: per-channel
+products), depthwise convolutions of other ranks spread their channel blocks over the
+host threads, and im2col products of whole images are written straight into the output
+(``Conv.product``).  ``conv_function`` makes every choice once per input signature, which
+is what a compiled graph calls (``Conv.array_function``: no per-call validation).
 
 Half types (float16, bfloat16) are computed in float32 and rounded once; double stays
 double.  On a GPU the hand-written CUDA kernel (gpukernels.gpu.conv) is tried first.
@@ -26,8 +33,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...xp import parallel_ranges
+from ...host import parallel_ranges
 from ..base import KernelBase, register
+from ..math.arith import native_compute
 from ..specialize import specialize
 from . import _conv_host as host
 from . import _spatial as sp
@@ -40,6 +48,13 @@ def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None, k
     None; pads = begin..end.  Attributes must be validated already.  kernel (the calling
     kernel, when given) chooses the registered specialisations of the depthwise and the
     dense 2-D steps (host paths in _conv_host); without it the reference steps run."""
+    return conv_function(xp, x, w, strides, pads, dilations, group, out_shape, kernel)(x, w, b)
+
+
+def conv_function(xp, x, w, strides, pads, dilations, group, out_shape=None, kernel=None):
+    """The convolution of conv_forward planned once for arrays shaped and typed as x and
+    w: a function f(x, w, b=None) -> y for any such arrays (the path, the output shape
+    and the specialisation are chosen here, from shapes, dtypes and attributes only)."""
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -53,25 +68,33 @@ def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None, k
     # an axis with one output position reads only the first window: its stride is moot,
     # and a huge one must not size the host paths' phase loops and scratch
     strides = [1 if O[i] == 1 else strides[i] for i in range(n_sp)]
-    P = sp.prod(O)
     dtype = x.dtype
-    if N == 0 or M == 0 or P == 0 or C == 0:  # C == 0: an empty sum, the output is the bias
-        y = xp.zeros((N, M, *O), dtype=dtype)
-    elif group == C and w.shape[1] == 1 and group > 1:
+    bias_shape = (1, M) + (1,) * n_sp
+
+    def with_bias(step):
+        def run(x, w, b=None):
+            y = step(x, w)
+            if b is not None:
+                y += b.reshape(bias_shape).astype(dtype, copy=False)
+            return y
+        return run
+
+    if N == 0 or M == 0 or sp.prod(O) == 0 or C == 0:  # C == 0: an empty sum, the output is the bias
+        return with_bias(lambda x, w: xp.zeros((N, M, *O), dtype=dtype))
+    if group == C and w.shape[1] == 1 and group > 1:
         fast = kernel.specialized("Conv.depthwise", x, w) if kernel is not None else None
         if fast is not None:
-            return fast(x, w, b, strides, pads, dilations, O)
-        return _depthwise(xp, x, w, b, strides, pads, dilations, O)
-    elif all(k == 1 for k in K) and not any(pads):
-        y = _pointwise(xp, x, w, strides, group, O)
-    else:
-        fast = kernel.specialized("Conv.dense", x, w, group) if kernel is not None else None
+            return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O)
+        return lambda x, w, b=None: _depthwise(xp, x, w, b, strides, pads, dilations, O)
+    if all(k == 1 for k in K) and not any(pads):
+        fast = kernel.specialized("Conv.pointwise", x, w, group) if kernel is not None else None
         if fast is not None:
-            return fast(x, w, b, strides, pads, dilations, O)
-        y = _im2col(xp, x, w, strides, pads, dilations, group, O)
-    if b is not None:
-        y += b.reshape((1, M) + (1,) * n_sp).astype(dtype, copy=False)
-    return y
+            return lambda x, w, b=None: fast(x, w, b, strides, O)
+        return with_bias(lambda x, w: _pointwise(xp, x, w, strides, group, O))
+    fast = kernel.specialized("Conv.dense", x, w, group) if kernel is not None else None
+    if fast is not None:
+        return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O)
+    return with_bias(lambda x, w: _im2col(xp, x, w, strides, pads, dilations, group, O, kernel))
 
 
 def _pointwise(xp, x, w, strides, group, O):
@@ -88,12 +111,11 @@ def _pointwise(xp, x, w, strides, group, O):
     return y.reshape((N, M) + tuple(O))
 
 
-def _im2col(xp, x, w, strides, pads, dilations, group, O):
+def _im2col(xp, x, w, strides, pads, dilations, group, O, kernel=None):
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
     K = tuple(w.shape[2:])
-    S = x.shape[2:]
     pb = pads[:n_sp]
     Cg, Mg = C // group, M // group
     kk = sp.prod(K)
@@ -110,6 +132,11 @@ def _im2col(xp, x, w, strides, pads, dilations, group, O):
         chunks = [(n0, n0 + 1, r0, r1) for n0 in range(N) for r0, r1 in rows]
     single = len(chunks) == 1
     y = None if single else xp.empty((N, M) + tuple(O), dtype=x.dtype)
+    product = None
+    if not single:
+        product = kernel.specialized("Conv.product", y) if kernel is not None else None
+        if product is None:
+            product = _product_reference
     for n0, n1, r0, r1 in chunks:
         nr = r1 - r0
         lo = [r0 * strides[0] - pb[0]] + [-pb[i] for i in range(1, n_sp)]
@@ -125,35 +152,47 @@ def _im2col(xp, x, w, strides, pads, dilations, group, O):
             + tuple(st[2 + i] * dilations[i] for i in range(n_sp))
             + tuple(st[2 + i] * strides[i] for i in range(n_sp)))
         cols = view.reshape(n1 - n0, group, Cg * kk, sp.prod(oc))
-        if xp is np and not single and nr == O[0]:
-            # whole images: the product lands in the output directly (no copy)
-            lead = (n1 - n0, M) if group == 1 else (n1 - n0, group, Mg)
-            dst = y[n0:n1].reshape(lead + (sp.prod(oc),))
-            if group == 1:
-                np.matmul(wg[0], cols[:, 0], out=dst)
-            else:
-                np.matmul(wg, cols, out=dst)
-            continue
         if group == 1:
-            part = xp.matmul(wg[0], cols[:, 0])
+            wm, cols = wg[0], cols[:, 0]
         else:
-            part = xp.matmul(wg, cols)
-        part = part.reshape((n1 - n0, M) + tuple(oc))
+            wm = wg
         if single:
-            return part
-        y[n0:n1, :, r0:r1] = part
+            return xp.matmul(wm, cols).reshape((n1 - n0, M) + tuple(oc))
+        if nr == O[0]:  # whole images: the product's layout is the output's
+            lead = (n1 - n0, M) if group == 1 else (n1 - n0, group, Mg)
+            product(wm, cols, y[n0:n1].reshape(lead + (sp.prod(oc),)))
+        else:
+            y[n0:n1, :, r0:r1] = xp.matmul(wm, cols).reshape((n1 - n0, M) + tuple(oc))
     return y
 
 
-def _depthwise(xp, x, w, b, strides, pads, dilations, O):
+def _product_reference(wm, cols, dst):
+    """dst = wm @ cols (the im2col product of whole images, in the output's layout)."""
+    dst[...] = wm @ cols
+
+
+@specialize("Conv.product", device="cpu", ops=("Conv", "ConvInteger"),
+            agreement="exact: the same product, written into the output instead of copied")
+def _product_host(wm, cols, dst):
+    np.matmul(wm, cols, out=dst)
+
+
+def _in_order(starts, run_block, per_block):
+    """Run the depthwise channel blocks one after another (the reference order)."""
+    for c0 in starts:
+        run_block(c0)
+
+
+def _depthwise(xp, x, w, b, strides, pads, dilations, O, run_blocks=_in_order):
     """group == C: each output channel c*m + j reads input channel c only.
 
     A loop over kernel taps; each tap is one multiply and one add over a channel block
     that fits in cache.  When the last axis has stride 1 (and there are >= 2 spatial
     axes) the taps read whole padded rows ("wide" rows of the padded width, cropped at
     the end), so every slice is one long contiguous run instead of short rows.  The bias is
-    added to each block while it is in cache; on the host the blocks are spread over the
-    host threads (NumPy releases the GIL in its ufuncs)."""
+    added to each block while it is in cache.  run_blocks(starts, run_block, items per
+    block) runs the channel blocks: in order here, on the host threads in the host
+    specialisation (_depthwise_nd_host)."""
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -207,15 +246,21 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O):
                 dst += bias[c0:c1, j].reshape((1, c1 - c0) + (1,) * n_sp)
 
     bias = None if b is None else b.reshape(C, m).astype(x.dtype, copy=False)
-    starts = list(range(0, C, cb))
-    if xp is np:
-        per_block = max(1, N * cb * m * sp.prod(O))
-        parallel_ranges(len(starts), max(1, -(-host.DEPTHWISE_THREAD_ITEMS // per_block)),
-                        lambda first, last: [run_block(c0) for c0 in starts[first:last]])
-    else:
-        for c0 in starts:
-            run_block(c0)
+    run_blocks(list(range(0, C, cb)), run_block, N * cb * m * sp.prod(O))
     return y.reshape((N, M) + tuple(O))
+
+
+def _on_host_threads(starts, run_block, per_block):
+    """Run the depthwise channel blocks on the host threads (NumPy releases the GIL in
+    its ufuncs) when the call is big enough to pay for waking them."""
+    parallel_ranges(len(starts), max(1, -(-host.DEPTHWISE_THREAD_ITEMS // max(1, per_block))),
+                    lambda first, last: [run_block(c0) for c0 in starts[first:last]])
+
+
+@specialize("Conv.depthwise", device="cpu", ops=("Conv", "ConvInteger"), when=lambda x, w: x.ndim != 4,
+            agreement="exact: the reference's channel blocks, spread over the host threads")
+def _depthwise_nd_host(x, w, b, strides, pads, dilations, O):
+    return _depthwise(np, x, w, b, strides, pads, dilations, O, _on_host_threads)
 
 
 @specialize("Conv.depthwise", device="cpu", ops=("Conv",), when=lambda x, w: x.ndim == 4,
@@ -223,6 +268,14 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O):
                       "products over zero-bordered scratch sum the taps in another order")
 def _depthwise_2d_host(x, w, b, strides, pads, dilations, O):
     return host.depthwise_2d(x, w, b, strides, pads, dilations, O)
+
+
+@specialize("Conv.pointwise", device="cpu", ops=("Conv", "ConvInteger"),
+            when=lambda x, w, group: group == 1 and x.dtype.kind == "f",
+            agreement="rtol 1e-5 (float32): the bias may be added inside the product "
+                      "(another rounding order)")
+def _pointwise_host(x, w, b, strides, O):
+    return host.pointwise(x, w, b, strides, O)
 
 
 @specialize("Conv.dense", device="cpu", ops=("Conv",),
@@ -304,3 +357,19 @@ class Conv(KernelBase):
         bc = None if b.is_absent else self.to_compute(b, xc.dtype)
         y = conv_forward(self.xp, xc, wc, bc, strides, pads, dilations, int(group), out, kernel=self)
         return self.from_compute(y, x.data_type)
+
+    def array_function(self, inputs, attrs):
+        """Compiled graphs: float32/float64 inputs (computed natively) on the host, the
+        attributes resolved and the path chosen once for these shapes (conv_function),
+        so a call is the convolution alone.  None on a GPU, where the hand-written CUDA
+        kernel decides per call."""
+        if self.on_gpu or len(inputs) not in (2, 3) or not native_compute(inputs) \
+                or inputs[0].array.dtype.kind != "f":
+            return None
+        x, w = inputs[0], inputs[1]
+        a = {k: attrs.get(k) for k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")}
+        group = int(a["group"] if a["group"] is not None else 1)
+        strides, pads, dilations, out = conv_attributes(
+            self, x, w, a["kernel_shape"], a["strides"], a["dilations"], a["pads"],
+            a["auto_pad"] if a["auto_pad"] is not None else "NOTSET", group)
+        return conv_function(self.xp, x.array, w.array, strides, pads, dilations, group, out, kernel=self)

@@ -67,6 +67,52 @@ def test_clip_versions(device):
     assert kernel("Clip", device)(np.zeros((0, 2), np.float32), np.float32(0)).shape == (0, 2)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8, np.int64])
+def test_clip_array_function_equals_kernel(dtype, rng):
+    """What a compiled graph calls (bounds read at each call) gives the kernel's array:
+    both bounds, one, none, min > max, NaN and signed zeros."""
+    x = values(rng, (6, 50), dtype)
+    if np.dtype(dtype).kind == "f":
+        x[0, :3] = [np.nan, -0.0, 0.0]
+    k = kernel("Clip", "cpu")
+    lo, hi = np.array(3, dtype), np.array(40, dtype)
+    for args in ([x, lo, hi], [x, lo], [x], [x, hi, lo]):
+        fn = k.array_function([Tensor(a) for a in args], {})
+        assert fn is not None
+        want = k(*[Tensor(a) for a in args]).numpy()
+        with np.errstate(all="raise"):
+            got = fn(*args)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+        assert not np.shares_memory(got, x)
+    fn = k.array_function([Tensor(x), Tensor(lo), Tensor(hi)], {})
+    lo2, hi2 = np.array(1, dtype), np.array(20, dtype)  # other bounds: read at the call
+    np.testing.assert_array_equal(fn(x, lo2, hi2), np.minimum(np.maximum(x, lo2), hi2))
+
+
+def test_clip_array_function_attribute_versions_and_half():
+    x = np.array([-5.0, 0.5, 5.0, np.nan], np.float32)
+    np.testing.assert_array_equal(kernel("Clip", "cpu", 6).array_function([Tensor(x)], {"max": 1.0})(x),
+                                  [-5, 0.5, 1, np.nan])
+    np.testing.assert_array_equal(kernel("Clip", "cpu", 1).array_function([Tensor(x)], {"min": -1.0})(x),
+                                  [-1, 0.5, 5, np.nan])
+    h = x.astype(np.float16)
+    assert kernel("Clip", "cpu").array_function([Tensor(h)], {}) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.uint32])
+def test_clip_host_against_float64_reference(dtype, rng):
+    """The host clip (NumPy's clip, the type's extremes for an absent bound) against
+    min(max(x, lo), hi) in float64, on a large array."""
+    x = values(rng, (300, 700), dtype)
+    k = kernel("Clip", "cpu")
+    lo, hi = np.array(2, dtype), np.array(30, dtype)
+    x64 = x.astype(np.float64)
+    np.testing.assert_array_equal(k(x, lo, hi).numpy().astype(np.float64), np.clip(x64, 2, 30))
+    np.testing.assert_array_equal(k(x, None, hi).numpy().astype(np.float64), np.minimum(x64, 30))
+    np.testing.assert_array_equal(k(x, lo).numpy().astype(np.float64), np.maximum(x64, 2))
+
+
 # ------------------------------------------------------------------------------- Mod
 
 

@@ -213,3 +213,39 @@ def test_logistic_pass_shapes(rng):
     x = rng.standard_normal((300, 500)).astype(np.float32).T
     np.testing.assert_allclose(activations.logistic_pass(np, x, "Mish"),
                                LOGISTIC["Mish"][1](x.astype(np.float64)), rtol=1e-6, atol=1e-30)
+
+
+# ----------------------------------------------------- array functions (compiled graphs)
+
+_AF_ATTRS = {"Sigmoid": {}, "HardSwish": {}, "Mish": {}, "Swish": {"alpha": 1.7},
+             "HardSigmoid": {"alpha": 0.3, "beta": 0.45}, "Gelu": {"approximate": "none"}}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [37, 3 * activations._LOGISTIC_BLOCK + 5])
+@pytest.mark.parametrize("op", sorted(_AF_ATTRS) + ["Gelu-tanh"])
+def test_activation_array_functions_equal_kernels(op, n, dtype, rng):
+    """What a compiled graph calls gives the kernel's array, also for inputs that
+    overflow exp, under the strict error state the runtime calls it in."""
+    name, attrs = (op, dict(_AF_ATTRS[op])) if op != "Gelu-tanh" else ("Gelu", {"approximate": "tanh"})
+    x = (rng.standard_normal(n) * 30).astype(dtype)
+    x[:4] = [1e4, -1e4, np.inf, -np.inf]
+    x[4] = np.nan
+    k = kernel(name, "cpu")
+    want = k(Tensor(x), **attrs).numpy()
+    fn = k.array_function([Tensor(x)], attrs)
+    assert fn is not None
+    with np.errstate(all="raise"):
+        got = fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_activation_array_functions_decline_half_types_and_use_defaults(rng):
+    x = rng.standard_normal(10).astype(np.float16)
+    for op in _AF_ATTRS:
+        assert kernel(op, "cpu").array_function([Tensor(x)], {}) is None
+    x = rng.standard_normal(100).astype(np.float32)
+    for op in ("Swish", "HardSigmoid"):  # attributes missing from the dict: the kernel's defaults
+        k = kernel(op, "cpu")
+        np.testing.assert_array_equal(k.array_function([Tensor(x)], {})(x), k(Tensor(x)).numpy())

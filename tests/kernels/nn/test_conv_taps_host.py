@@ -16,6 +16,9 @@ from gpukernels.kernels.nn.conv import Conv
 
 from test_conv_pool_fastpaths import ref_conv
 
+# these tests check the host specialisations themselves (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("default_paths")
+
 CASES = [
     # x shape, M, kernel, pads (top, left, bottom, right), dilations
     ((1, 16, 9, 10), 4, (3, 3), (1, 1, 1, 1), (1, 1)),

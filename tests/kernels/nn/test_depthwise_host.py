@@ -16,6 +16,9 @@ from gpukernels.kernels.nn import _conv_host as conv_host
 from gpukernels.kernels.nn import conv as conv_mod
 from gpukernels.kernels.nn.conv import Conv
 
+# these tests check the host specialisations themselves (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("default_paths")
+
 
 def ref_depthwise(x, w, b, strides, pads, dilations):
     """float64 depthwise convolution (group = C), output pixel by output pixel."""
@@ -98,3 +101,53 @@ def test_depthwise_wide_leaves_input_alone(rng):
     w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
     Conv(KernelContext("cpu"))(x, w, group=4, pads=[1, 1, 1, 1])
     np.testing.assert_array_equal(x, keep)
+
+
+# ------------------------------------------- channels-last taps (tiny planes, multiplier 1)
+
+NHWC_CASES = [
+    # x shape, kernel, strides, pads (top, left, bottom, right), dilations
+    ((2, 160, 3, 3), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((1, 96, 6, 6), (5, 5), (2, 2), (2, 2, 2, 2), (1, 1)),
+    ((3, 7, 5, 4), (3, 2), (2, 1), (0, 1, 2, 0), (1, 2)),  # odd sizes, asymmetric pads, batch 3
+    ((1, 5, 3, 3), (3, 3), (1, 1), (4, 5, 3, 2), (1, 1)),  # pads larger than the input
+    ((2, 9, 1, 6), (1, 3), (1, 3), (0, 1, 0, 1), (1, 1)),  # one row, column stride 3
+    ((1, 4, 7, 7), (3, 3), (1, 1), (2, 2, 2, 2), (2, 3)),  # dilations
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", NHWC_CASES)
+def test_depthwise_channels_last_matches_reference(case, dtype, rng, monkeypatch):
+    """depthwise_taps_nhwc (forced for every case) against the float64 loop reference."""
+    xs, ks, strides, pads, dil = case
+    monkeypatch.setattr(conv_host, "use_channels_last_taps", lambda *a: True)
+    C = xs[1]
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((C, 1) + ks).astype(dtype)
+    b = rng.standard_normal(C).astype(dtype)
+    k = Conv(KernelContext("cpu"))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for bias in (b, None):
+        y = k(x, w, bias, group=C, strides=list(strides), pads=list(pads), dilations=list(dil)).numpy()
+        assert y.dtype == dtype
+        np.testing.assert_allclose(y, ref_depthwise(x, w, bias, strides, pads, dil), rtol=tol, atol=tol)
+
+
+def test_depthwise_channels_last_chosen_for_tiny_planes(rng, monkeypatch):
+    """The rule picks the channels-last taps for mobile networks' last stages only (and
+    never with a channel multiplier); float16 computes in float32 through it."""
+    assert conv_host.use_channels_last_taps(2, 480, 1, 9, 3, 5)       # 2x480x3x3, 3x3 taps
+    assert conv_host.use_channels_last_taps(2, 576, 1, 25, 3, 7)      # 2x576x3x3, 5x5 taps
+    assert not conv_host.use_channels_last_taps(2, 128, 1, 49, 4, 10)  # 7x7 taps on 4x4
+    assert not conv_host.use_channels_last_taps(2, 72, 1, 9, 24, 26)   # 24x24 planes
+    assert not conv_host.use_channels_last_taps(2, 480, 2, 9, 3, 5)    # multiplier 2
+    calls = []
+    real = conv_host.depthwise_taps_nhwc
+    monkeypatch.setattr(conv_host, "depthwise_taps_nhwc", lambda *a: calls.append(1) or real(*a))
+    x = rng.standard_normal((2, 480, 3, 3)).astype(np.float16)
+    w = (rng.standard_normal((480, 1, 3, 3)) * 0.3).astype(np.float16)
+    y = Conv(KernelContext("cpu"))(x, w, group=480, pads=[1, 1, 1, 1]).numpy()
+    assert calls and y.dtype == np.float16
+    want = ref_depthwise(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1))
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=2e-3, atol=2e-3)
