@@ -12,6 +12,7 @@ import pytest
 
 from gpukernels import codec
 from gpukernels.dtypes import DataType, info
+from gpukernels.host import tuning as table
 
 SMALL = [DataType.FLOAT8E4M3FN, DataType.FLOAT8E4M3FNUZ, DataType.FLOAT8E5M2,
          DataType.FLOAT8E5M2FNUZ, DataType.FLOAT6E2M3, DataType.FLOAT6E3M2, DataType.FLOAT4E2M1]
@@ -246,7 +247,7 @@ def test_float32_host_paths_match_arithmetic():
     """Chunked host path == arithmetic path on random bit patterns (several chunks,
     a ragged last one, a non-contiguous and a 2-D input)."""
     rng = np.random.default_rng(11)
-    u = rng.integers(0, 2 ** 32, codec.HOST_CHUNK * 2 + 123, dtype=np.uint64).astype(np.uint32)
+    u = rng.integers(0, 2 ** 32, table.value("codec.encode_chunk_cpu") * 2 + 123, dtype=np.uint64).astype(np.uint32)
     x = u.view(np.float32)
     for dt in SMALL + [DataType.BFLOAT16]:
         for sat in (True, False):
@@ -259,13 +260,13 @@ def test_float32_host_paths_match_arithmetic():
     assert codec.encode(np, np.zeros((0, 3), np.float32), DataType.FLOAT8E4M3FN).shape == (0, 3)
 
 
-def test_float32_encode_and_decode_on_each_device(device, monkeypatch):
+def test_float32_encode_and_decode_on_each_device(device, tuning):
     """encode (float32 input) and decode run the same array code on NumPy and CuPy: equal
-    bit patterns on both devices, over several chunks of the device's ENCODE_CHUNK, a
-    ragged last one and NaNs of both signs."""
+    bit patterns on both devices, over several chunks of the device's codec.encode_chunk_*
+    (host/tuning.py), a ragged last one and NaNs of both signs."""
     from gpukernels.xp import namespace, to_device, to_host
 
-    monkeypatch.setitem(codec.ENCODE_CHUNK, "cuda" if device == "cuda" else "cpu", 1000)
+    tuning({f"codec.encode_chunk_{'cuda' if device == 'cuda' else 'cpu'}": 1000})
     xp = namespace(device)
     rng = np.random.default_rng(12)
     u = rng.integers(0, 2 ** 32, 2 * 1000 + 79, dtype=np.uint64).astype(np.uint32)

@@ -430,10 +430,11 @@ def test_blockwise_blocks_are_exact():
     """'Elementwise.blocks' gives the reference's values exactly (the same elementwise
     chain on blocks), for several blocks, a ragged last one, a second operand and another
     output dtype."""
+    from gpukernels.host import tuning
     from gpukernels.kernels.math import _mathcommon
 
     rng = np.random.default_rng(5)
-    x = _f32(rng, 5 * _mathcommon._BLOCK + 17, 1)
+    x = _f32(rng, 5 * tuning.value("elementwise.block_elems") + 17, 1)
     y = _f32(rng, x.size, 1)
     chain = [lambda a: np.tanh(a * np.float32(1.5)) * a + np.float32(0.25),
              lambda a, b: np.hypot(a, b) * np.exp(-a * b)]

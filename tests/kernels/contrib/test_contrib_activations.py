@@ -14,7 +14,7 @@ from gpukernels.kernels import KernelContext, load_all
 from gpukernels.kernels.contrib.activations import BiasAdd, BiasGelu, FastGelu, Gelu, QuickGelu
 from gpukernels.tensor import Tensor
 
-from _ort_contrib import compare, run_gk, single_node_model
+from tests.ort_reference import compare, run_gk, single_node_model
 
 load_all()
 

@@ -12,7 +12,7 @@ from gpukernels.kernels import KernelContext, load_all
 from gpukernels.kernels.contrib.attention import (Attention, GroupQueryAttention, MultiHeadAttention,
                                                   RotaryEmbedding)
 
-from _ort_contrib import compare, feeds_of, run_gk, run_ort, single_node_model
+from tests.ort_reference import compare, feeds_of, run_gk, run_ort, single_node_model
 
 load_all()
 

@@ -12,7 +12,7 @@ from gpukernels.errors import KernelInputError, KernelTypeError
 from gpukernels.kernels import KernelContext, load_all
 from gpukernels.kernels.contrib.quantization import MatMulNBits
 
-from _ort_contrib import compare, run_gk, run_ort
+from tests.ort_reference import compare, run_gk, run_ort
 
 load_all()
 

@@ -12,7 +12,7 @@ from gpukernels.kernels import KernelContext, load_all
 from gpukernels.kernels.contrib.normalization import (EmbedLayerNormalization, SimplifiedLayerNormalization,
                                                       SkipLayerNormalization, SkipSimplifiedLayerNormalization)
 
-from _ort_contrib import compare, run_gk, single_node_model
+from tests.ort_reference import compare, run_gk, single_node_model
 
 load_all()
 

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from _ort_contrib import run_gk, run_ort
+from tests.ort_reference import run_gk, run_ort
 
 optimizer = pytest.importorskip("onnxruntime.transformers.optimizer")
 fusion_options = pytest.importorskip("onnxruntime.transformers.fusion_options")

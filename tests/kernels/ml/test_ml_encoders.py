@@ -12,7 +12,7 @@ from gpukernels.kernels.ml.encoders import (CastMap, CategoryMapper, DictVectori
                                             ZipMap)
 from gpukernels.tensor import Tensor
 
-from _ml_ort import run_ort, run_ort_if_implemented
+from tests.ort_reference import run_ml_node, run_ml_node_if_implemented
 
 
 def K(cls, device, version=None):
@@ -26,10 +26,10 @@ def test_cast_map(device):
     y = K(CastMap, device)(m, cast_to="TO_INT64", map_form="SPARSE", max_map=6).numpy()
     np.testing.assert_array_equal(y, [[0, -2, 0, 1, 7, 0]])
     np.testing.assert_array_equal(
-        y, run_ort("CastMap", [m], dict(cast_to="TO_INT64", map_form="SPARSE", max_map=6))[0])
+        y, run_ml_node("CastMap", [m], dict(cast_to="TO_INT64", map_form="SPARSE", max_map=6))[0])
     s = K(CastMap, device)(m, cast_to="TO_STRING").numpy()
     assert s.tolist() == [["-2.500000", "1.250000", "7.000000"]]
-    np.testing.assert_array_equal(s, run_ort("CastMap", [m], dict(cast_to="TO_STRING"))[0])
+    np.testing.assert_array_equal(s, run_ml_node("CastMap", [m], dict(cast_to="TO_STRING"))[0])
     # string values, sequences of maps
     y = K(CastMap, device)([{0: "1.5", 2: "3"}, {0: "2", 2: "-1"}], map_form="SPARSE", max_map=3).numpy()
     np.testing.assert_array_equal(y, np.array([[1.5, 0, 3], [2, 0, -1]], np.float32))
@@ -54,7 +54,7 @@ def test_category_mapper(device, rng):
     ref = {"cat": 3, "dog": 9, "cow": 1}  # a repeated key: the last pair wins
     np.testing.assert_array_equal(y, np.vectorize(lambda w: ref.get(w, -5))(words))
     attrs = dict(cats_int64s=cats_i, cats_strings=cats_s, default_int64=-5)
-    np.testing.assert_array_equal(y, run_ort("CategoryMapper", [words], attrs)[0])
+    np.testing.assert_array_equal(y, run_ml_node("CategoryMapper", [words], attrs)[0])
     ints = rng.integers(0, 10, size=(5,))
     s = K(CategoryMapper, device)(ints, cats_int64s=cats_i, cats_strings=cats_s, default_string="?").numpy()
     rev = {3: "cat", 7: "dog", 1: "cow", 9: "dog"}
@@ -68,7 +68,7 @@ def test_dict_vectorizer(device):
     assert y.dtype == np.float32
     np.testing.assert_array_equal(y, [[4, 8, 0, 0]])
     np.testing.assert_array_equal(
-        y, run_ort("DictVectorizer", [{"a": 4.0, "c": 8.0}], dict(string_vocabulary=["a", "c", "b", "z"]))[0])
+        y, run_ml_node("DictVectorizer", [{"a": 4.0, "c": 8.0}], dict(string_vocabulary=["a", "c", "b", "z"]))[0])
     y = K(DictVectorizer, device)([{2: np.float64(1.5)}, {5: np.float64(2.5)}], int64_vocabulary=[5, 2]).numpy()
     assert y.dtype == np.float64
     np.testing.assert_array_equal(y, [[0, 1.5], [2.5, 0]])
@@ -129,7 +129,7 @@ def test_label_encoder_v2(device, rng, kind):
         # float_int has NaN keys; int_float a repeated key, where the opset-4 spec says the
         # last pair wins and onnxruntime keeps the first: both checked against _le_ref only
         if kind not in ("float_int", "int_float"):
-            r = run_ort("LabelEncoder", [x], attrs, opset_ml=version)[0]
+            r = run_ml_node("LabelEncoder", [x], attrs, opset_ml=version)[0]
             np.testing.assert_array_equal(y, r)
 
 
@@ -154,7 +154,7 @@ def test_label_encoder_v4_tensors(device, rng, ktype, vtype):
     want = [table.get(v, default[0]) for v in x.reshape(-1).tolist()]
     assert y.dtype == (object if vtype == TensorProto.STRING else vd)
     assert y.reshape(-1).tolist() == want
-    r = run_ort_if_implemented("LabelEncoder", [x], attrs, opset_ml=4)
+    r = run_ml_node_if_implemented("LabelEncoder", [x], attrs, opset_ml=4)
     if r is not None:
         np.testing.assert_array_equal(y, r[0])
     # without default_tensor: "_Unused" / -1 / -0.0 by the values' type
@@ -162,7 +162,7 @@ def test_label_encoder_v4_tensors(device, rng, ktype, vtype):
     y = K(LabelEncoder, device, 4)(x, **{k: Tensor.from_proto(v) for k, v in attrs.items()}).numpy()
     implicit = "_Unused" if vtype == TensorProto.STRING else (-0.0 if vtype == TensorProto.DOUBLE else -1)
     assert y.reshape(-1).tolist() == [table.get(v, implicit) for v in x.reshape(-1).tolist()]
-    r = run_ort_if_implemented("LabelEncoder", [x], attrs, opset_ml=4)
+    r = run_ml_node_if_implemented("LabelEncoder", [x], attrs, opset_ml=4)
     if r is not None:
         np.testing.assert_array_equal(y, r[0])
 
@@ -188,7 +188,7 @@ def test_one_hot_encoder_numeric(device, rng, dtype):
     want = (np.trunc(x.astype(np.float64))[..., None] == np.array(cats)).astype(np.float32)
     assert y.dtype == np.float32 and y.shape == (2, 3, 3)
     np.testing.assert_array_equal(y, want)
-    r = run_ort_if_implemented("OneHotEncoder", [x], dict(cats_int64s=cats))
+    r = run_ml_node_if_implemented("OneHotEncoder", [x], dict(cats_int64s=cats))
     if r is not None:
         np.testing.assert_array_equal(y, r[0])
     with pytest.raises(KernelInputError, match="OneHotEncoder.*category"):
@@ -199,7 +199,7 @@ def test_one_hot_encoder_strings(device):
     x = np.array(["a", "q", "c"], dtype=object)
     y = K(OneHotEncoder, device)(x, cats_strings=["c", "a"]).numpy()
     np.testing.assert_array_equal(y, [[0, 1], [0, 0], [1, 0]])
-    np.testing.assert_array_equal(y, run_ort("OneHotEncoder", [x], dict(cats_strings=["c", "a"]))[0])
+    np.testing.assert_array_equal(y, run_ml_node("OneHotEncoder", [x], dict(cats_strings=["c", "a"]))[0])
     with pytest.raises(KernelTypeError, match="OneHotEncoder"):
         K(OneHotEncoder, device)(x, cats_int64s=[1])
     assert K(OneHotEncoder, device)(np.zeros((0, 2), np.int64), cats_int64s=[1]).numpy().shape == (0, 2, 1)
@@ -210,7 +210,7 @@ def test_zipmap(device, rng):
     z = K(ZipMap, device)(x, classlabels_strings=["no", "yes"])
     assert z == [{"no": float(r[0]), "yes": float(r[1])} for r in x]
     z = K(ZipMap, device)(x, classlabels_int64s=[7, 9])
-    ref = run_ort("ZipMap", [x], dict(classlabels_int64s=[7, 9]))[0]
+    ref = run_ml_node("ZipMap", [x], dict(classlabels_int64s=[7, 9]))[0]
     assert [{k: pytest.approx(v) for k, v in d.items()} for d in ref] == z
     assert K(ZipMap, device)(x[0], classlabels_int64s=[7, 9]) == [{7: float(x[0, 0]), 9: float(x[0, 1])}]
     with pytest.raises(KernelInputError, match="ZipMap.*columns"):

@@ -15,30 +15,14 @@ from gpukernels.kernels.ml._common import probit
 from gpukernels.kernels.ml.linear import LinearClassifier, LinearRegressor
 from gpukernels.kernels.ml.svm import SVMClassifier, SVMRegressor
 
-from _ml_ort import run_ort
+from tests.ort_reference import run_ml_node
+from tests.reference import post_transform
 
 TRANSFORMS = ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT"]
 
 
 def K(cls, device):
     return cls(KernelContext(device))
-
-
-def transform_ref(s, mode):
-    s = np.asarray(s, np.float64)
-    if mode == "NONE":
-        return s
-    if mode == "LOGISTIC":
-        return 1 / (1 + np.exp(-s))
-    if mode == "PROBIT":
-        return np.vectorize(lambda p: NormalDist().inv_cdf(p) if 0 < p < 1 else
-                            (-math.inf if p == 0 else math.inf if p == 1 else math.nan))(s)
-    out = np.zeros_like(s)
-    for i, row in enumerate(s):
-        keep = row != 0 if mode == "SOFTMAX_ZERO" else np.ones(row.shape, bool)
-        e = np.where(keep, np.exp(row - row[keep].max()) if keep.any() else 0, 0)
-        out[i] = e / e.sum() if e.sum() else e
-    return out
 
 
 def test_probit_accuracy():
@@ -62,10 +46,10 @@ def test_linear_classifier_multiclass(device, rng, mode, dtype):
     r = K(LinearClassifier, device)(x, **attrs)
     scores = x.astype(np.float64) @ np.float32(w).T.astype(np.float64) + np.float32(b)
     np.testing.assert_array_equal(r.Y.numpy(), np.array([3, 5, 8])[scores.argmax(1)])
-    np.testing.assert_allclose(r.Z.numpy(), transform_ref(scores, mode), rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(r.Z.numpy(), post_transform(scores, mode), rtol=2e-5, atol=1e-6)
     assert r.Z.numpy().dtype == np.float32
     if mode != "PROBIT":  # onnxruntime's probit is a coarse erfinv approximation
-        ort_y, ort_z = run_ort("LinearClassifier", [x], attrs, n_outputs=2)
+        ort_y, ort_z = run_ml_node("LinearClassifier", [x], attrs, n_outputs=2)
         np.testing.assert_array_equal(r.Y.numpy(), ort_y)
         np.testing.assert_allclose(r.Z.numpy(), ort_z, rtol=1e-5, atol=1e-6)
 
@@ -80,7 +64,7 @@ def test_linear_classifier_binary(device, rng, mode):
     assert r.Y.numpy().tolist() == ["pos" if v > 0 else "neg" for v in s]
     t = 1 / (1 + np.exp(-s)) if mode == "LOGISTIC" else s
     np.testing.assert_allclose(r.Z.numpy(), np.stack([1 - t, t], 1), rtol=1e-5, atol=1e-6)
-    ort_y, ort_z = run_ort("LinearClassifier", [x], attrs, n_outputs=2)
+    ort_y, ort_z = run_ml_node("LinearClassifier", [x], attrs, n_outputs=2)
     np.testing.assert_array_equal(r.Y.numpy(), ort_y)
     np.testing.assert_allclose(r.Z.numpy(), ort_z, rtol=1e-5, atol=1e-6)
 
@@ -110,10 +94,10 @@ def test_linear_regressor(device, rng, mode, targets):
     attrs = dict(coefficients=w.reshape(-1).tolist(), intercepts=b.tolist(), targets=targets, post_transform=mode)
     y = K(LinearRegressor, device)(x, **attrs).numpy()
     raw = x.astype(np.float64) @ np.float32(w).T.astype(np.float64) + np.float32(b)
-    np.testing.assert_allclose(y, transform_ref(raw, mode), rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(y, post_transform(raw, mode), rtol=2e-5, atol=1e-6)
     # onnxruntime skips post_transform for a single target (the spec applies it)
     if mode == "NONE" or (targets > 1 and mode in ("LOGISTIC", "SOFTMAX")):
-        np.testing.assert_allclose(y, run_ort("LinearRegressor", [x], attrs)[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(y, run_ml_node("LinearRegressor", [x], attrs)[0], rtol=1e-5, atol=1e-6)
     assert K(LinearRegressor, device)(x[:0], **attrs).numpy().shape == (0, targets)
     with pytest.raises(KernelInputError, match="LinearRegressor.*targets"):
         K(LinearRegressor, device)(x, coefficients=[1.0] * 5, targets=2)
@@ -187,7 +171,7 @@ def test_svm_classifier_svc(device, rng, kernel, k, proba):
     else:
         want = np.concatenate([-dec, dec], 1) if k == 2 else dec
         np.testing.assert_allclose(z, want, rtol=1e-5, atol=1e-5)
-    ort_y, ort_z = run_ort("SVMClassifier", [x], attrs, n_outputs=2)
+    ort_y, ort_z = run_ml_node("SVMClassifier", [x], attrs, n_outputs=2)
     np.testing.assert_array_equal(r.Y.numpy(), ort_y)
     np.testing.assert_allclose(z, ort_z, rtol=1e-4, atol=1e-5)
 
@@ -210,8 +194,8 @@ def test_svm_classifier_linear_mode(device, rng, k, mode):
                  kernel_params=[0.3, 0.5, 2.0], post_transform=mode)
     r = K(SVMClassifier, device)(x, **attrs)
     s = x.astype(np.float64) @ np.float32(w).T.astype(np.float64) + np.float32(0.3)
-    np.testing.assert_allclose(r.Z.numpy(), transform_ref(s, mode), rtol=1e-5, atol=1e-6)
-    ort_y, ort_z = run_ort("SVMClassifier", [x], attrs, n_outputs=2)
+    np.testing.assert_allclose(r.Z.numpy(), post_transform(s, mode), rtol=1e-5, atol=1e-6)
+    ort_y, ort_z = run_ml_node("SVMClassifier", [x], attrs, n_outputs=2)
     np.testing.assert_array_equal(r.Y.numpy(), ort_y)
     np.testing.assert_allclose(r.Z.numpy(), ort_z, rtol=1e-5, atol=1e-6)
 
@@ -244,7 +228,7 @@ def test_svm_regressor(device, rng, kernel, one_class):
         want = np.where(want > 0, 1.0, -1.0)
     assert y.shape == (7, 1)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(y, run_ort("SVMRegressor", [x], attrs)[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y, run_ml_node("SVMRegressor", [x], attrs)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_svm_regressor_linear_and_transform(device, rng):
@@ -254,7 +238,7 @@ def test_svm_regressor_linear_and_transform(device, rng):
     y = K(SVMRegressor, device)(x, **attrs).numpy()
     raw = x.astype(np.float64) @ np.float32(w).astype(np.float64) + np.float32(0.2)
     np.testing.assert_allclose(y[:, 0], raw, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(y, run_ort("SVMRegressor", [x], attrs)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, run_ml_node("SVMRegressor", [x], attrs)[0], rtol=1e-5, atol=1e-6)
     # post_transform is applied (onnxruntime ignores it)
     yl = K(SVMRegressor, device)(x, post_transform="LOGISTIC", **attrs).numpy()
     np.testing.assert_allclose(yl[:, 0], 1 / (1 + np.exp(-raw)), rtol=1e-5)

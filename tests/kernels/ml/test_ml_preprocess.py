@@ -11,7 +11,7 @@ from gpukernels.kernels.ml.preprocess import (ArrayFeatureExtractor, Binarizer, 
                                               Normalizer, Scaler)
 from gpukernels.tensor import Tensor
 
-from _ml_ort import run_ort
+from tests.ort_reference import run_ml_node
 
 
 def K(cls, device):
@@ -47,7 +47,7 @@ def test_array_feature_extractor_matches_onnxruntime(rng):
     x = rng.standard_normal((4, 6)).astype(np.float32)
     y = np.array([5, 0, 2])
     np.testing.assert_array_equal(K(ArrayFeatureExtractor, "cpu")(x, y).numpy(),
-                                  run_ort("ArrayFeatureExtractor", [x, y], {})[0])
+                                  run_ml_node("ArrayFeatureExtractor", [x, y], {})[0])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32])
@@ -58,7 +58,7 @@ def test_binarizer(device, rng, dtype):
     assert y.dtype == x.dtype
     np.testing.assert_array_equal(y, want)
     if dtype == np.float32:
-        np.testing.assert_array_equal(y, run_ort("Binarizer", [x], {"threshold": 0.5})[0])
+        np.testing.assert_array_equal(y, run_ml_node("Binarizer", [x], {"threshold": 0.5})[0])
 
 
 def test_binarizer_nan_and_empty(device):
@@ -78,7 +78,7 @@ def test_feature_vectorizer(device, rng):
     want[:, 2:4] = b
     assert y.dtype == np.float32
     np.testing.assert_array_equal(y, want)
-    np.testing.assert_array_equal(y, run_ort("FeatureVectorizer", [a, b], {"inputdimensions": [2, 4]})[0])
+    np.testing.assert_array_equal(y, run_ml_node("FeatureVectorizer", [a, b], {"inputdimensions": [2, 4]})[0])
     # int input -> float output; 1-D is one row
     yi = K(FeatureVectorizer, device)(np.array([1, 2, 3], np.int64), inputdimensions=[3]).numpy()
     np.testing.assert_array_equal(yi, [[1, 2, 3]])
@@ -131,7 +131,7 @@ def test_normalizer(device, rng, norm, dtype):
     y = K(Normalizer, device)(x, norm=norm).numpy()
     assert y.dtype == np.float32
     np.testing.assert_allclose(y, _norm_ref(x, norm), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(y, run_ort("Normalizer", [x], {"norm": norm})[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, run_ml_node("Normalizer", [x], {"norm": norm})[0], rtol=1e-5, atol=1e-6)
     y1 = K(Normalizer, device)(x[0], norm=norm).numpy()
     np.testing.assert_allclose(y1, _norm_ref(x[:1], norm)[0], rtol=1e-6)
 
@@ -151,7 +151,7 @@ def test_scaler(device, rng, dtype):
     want = (x.astype(np.float64) - np.float32(off)) * np.float32(sc)
     assert y.dtype == np.float32
     np.testing.assert_allclose(y, want, rtol=1e-6)
-    np.testing.assert_allclose(y, run_ort("Scaler", [x], {"offset": off, "scale": sc})[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, run_ml_node("Scaler", [x], {"offset": off, "scale": sc})[0], rtol=1e-5, atol=1e-5)
     y1 = K(Scaler, device)(x, offset=[1.0], scale=[3.0]).numpy()
     np.testing.assert_allclose(y1, (x.astype(np.float64) - 1) * 3, rtol=1e-6)
     with pytest.raises(KernelInputError, match="Scaler.*offset"):

@@ -11,8 +11,9 @@ from gpukernels.kernels import KernelContext
 from gpukernels.kernels.ml.tree import TreeEnsemble, TreeEnsembleClassifier, TreeEnsembleRegressor
 from gpukernels.tensor import Tensor
 
-from _ml_ort import run_ort
-from _ml_trees import MODES, evaluate, legacy_attrs, random_forest, v5_attrs
+from tests.ort_reference import run_ml_node
+from tests.reference import post_transform
+from tests.reference.trees import MODES, evaluate, legacy_attrs, random_forest, v5_attrs
 
 AGGS = ["AVERAGE", "SUM", "MIN", "MAX"]
 
@@ -46,7 +47,8 @@ def test_regressor_random(device, rng, agg, modes, entries, version):
     ref, _ = evaluate(trees, x, 3, agg)
     assert y.dtype == np.float32 and y.shape == (40, 3)
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(y, run_ort("TreeEnsembleRegressor", [x], attrs, opset_ml=3)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, run_ml_node("TreeEnsembleRegressor", [x], attrs, opset_ml=3)[0],
+                               rtol=1e-5, atol=1e-5)
     # base values are added to every target (onnxruntime skips targets no leaf reached)
     attrs["base_values"] = [0.5, -1.0, 2.0]
     yb = K(TreeEnsembleRegressor, device, version)(x, **attrs).numpy()
@@ -79,9 +81,8 @@ def test_classifier_multiclass(device, rng, mode, n_classes):
     scores, _ = evaluate(trees, x, n_classes)
     scores += np.float32(attrs["base_values"])
     np.testing.assert_array_equal(r.Y.numpy(), 100 + scores.argmax(1))
-    from test_ml_linear_svm import transform_ref
-    np.testing.assert_allclose(r.Z.numpy(), transform_ref(scores, mode), rtol=1e-5, atol=1e-6)
-    ort_y, ort_z = run_ort("TreeEnsembleClassifier", [x], attrs, n_outputs=2, opset_ml=3)
+    np.testing.assert_allclose(r.Z.numpy(), post_transform(scores, mode), rtol=1e-5, atol=1e-6)
+    ort_y, ort_z = run_ml_node("TreeEnsembleClassifier", [x], attrs, n_outputs=2, opset_ml=3)
     np.testing.assert_array_equal(r.Y.numpy(), ort_y)
     np.testing.assert_allclose(r.Z.numpy(), ort_z, rtol=1e-5, atol=1e-6)
 
@@ -104,7 +105,7 @@ def test_classifier_binary(device, rng, sign, mode, base):
     t = 1 / (1 + np.exp(-s)) if mode == "LOGISTIC" else s
     want = np.stack([1 - t, t] if (sign == "positive" or mode == "LOGISTIC") else [-t, t], 1)
     np.testing.assert_allclose(r.Z.numpy(), want, rtol=1e-5, atol=1e-6)
-    ort_y, ort_z = run_ort("TreeEnsembleClassifier", [x], attrs, n_outputs=2, opset_ml=3)
+    ort_y, ort_z = run_ml_node("TreeEnsembleClassifier", [x], attrs, n_outputs=2, opset_ml=3)
     np.testing.assert_array_equal(r.Y.numpy(), ort_y)
     np.testing.assert_allclose(r.Z.numpy(), ort_z, rtol=1e-5, atol=1e-6)
 
@@ -124,7 +125,7 @@ def test_tree_ensemble_v5_random(device, rng, agg, dtype):
     tol = 2e-3 if dtype == np.float16 else 1e-6
     np.testing.assert_allclose(y, ref, rtol=tol, atol=tol)
     if dtype != np.float16:
-        np.testing.assert_allclose(y, run_ort("TreeEnsemble", [x], attrs, opset_ml=5)[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(y, run_ml_node("TreeEnsemble", [x], attrs, opset_ml=5)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("post", [1, 2, 3, 4])
@@ -134,10 +135,9 @@ def test_tree_ensemble_v5_post_transform(device, rng, post):
     attrs = v5_attrs(trees, 3)
     y = K(TreeEnsemble, device)(x, post_transform=post, **tensors(attrs)).numpy()
     ref, _ = evaluate(trees, x, 3)
-    from test_ml_linear_svm import transform_ref
     mode = ["NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT"][post]
     with np.errstate(all="ignore"):
-        np.testing.assert_allclose(y, transform_ref(ref, mode), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(y, post_transform(ref, mode), rtol=1e-5, atol=1e-6)
 
 
 def test_tree_ensemble_membership_and_single_leaf_tree(device):

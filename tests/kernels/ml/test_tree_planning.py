@@ -17,8 +17,8 @@ from gpukernels.kernels.ml.tree import TreeEnsemble, TreeEnsembleClassifier, Tre
 from gpukernels.runtime import Session
 from gpukernels.tensor import Tensor
 
-from _ml_ort import run_ort
-from _ml_trees import MODES, evaluate, legacy_attrs, random_forest, v5_attrs
+from tests.ort_reference import run_ml_node
+from tests.reference.trees import MODES, evaluate, legacy_attrs, random_forest, v5_attrs
 
 
 def _inputs(rng, n, f, nan=0.1):
@@ -51,7 +51,7 @@ def test_regressor_all_modes_vs_onnx_reference(device, rng, tuning, agg, dense):
     y = TreeEnsembleRegressor(KernelContext(device), 3)(x, **attrs).numpy()
     ref, _ = evaluate(trees, x, 3, agg)
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(y, run_ort("TreeEnsembleRegressor", [x], attrs, opset_ml=3)[0], rtol=1e-5,
+    np.testing.assert_allclose(y, run_ml_node("TreeEnsembleRegressor", [x], attrs, opset_ml=3)[0], rtol=1e-5,
                                atol=1e-5)
 
 

@@ -1,5 +1,6 @@
-"""Random tree ensembles for the tree kernels' tests, in the legacy (opset 1/3) layout,
-the opset-5 TreeEnsemble layout, and a plain recursive float64 evaluator."""
+"""Tree ensembles: a plain recursive float64 evaluator (``evaluate``), and the random
+ensembles it checks the kernels on, in the legacy (opset 1/3) layout and the opset-5
+TreeEnsemble layout.  Import as ``from tests.reference.trees import evaluate``."""
 
 from __future__ import annotations
 
