@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from gpukernels.host import HostArena, current_run, host_empty, parallel_ranges, root_of
 from gpukernels.runtime import Session
+from tests.reference import conv
 
 pytestmark = pytest.mark.usefixtures("default_paths")  # the host Softmax path calls host_empty
 
@@ -493,15 +494,8 @@ def test_a_session_that_is_collected_frees_its_arena(rng):
 
 
 def conv_ref(x, w, group=1):
-    """float64 2-D convolution, stride 1, pads 1."""
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))  # N C H W kh kw
-    N = x.shape[0]
-    M, Cg = w.shape[:2]
-    win = win.reshape(N, group, Cg, *win.shape[2:])
-    wg = w.astype(np.float64).reshape(group, M // group, Cg, *w.shape[2:])
-    y = np.einsum("ngchwij,gmcij->ngmhw", win, wg)
-    return y.reshape(N, M, *y.shape[3:])
+    """float64 2-D convolution, stride 1, pads 1 (tests/reference/conv.py)."""
+    return conv(x, w, pads=[1, 1, 1, 1], group=group)
 
 
 @pytest.mark.parametrize("group", [1, 64], ids=["dense", "depthwise"])

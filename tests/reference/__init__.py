@@ -7,6 +7,7 @@ root on sys.path); the tree ensembles' evaluator and generators as
 ``from tests.reference.trees import evaluate, random_forest``."""
 
 from .attention import attention, attention_heads
+from .conv import conv
 from .detection import nms
 from .grid import grid_sample
 from .ml import post_transform
@@ -16,6 +17,6 @@ from .recurrent import recurrent
 from .rotary import rotary
 from .scatter import scatter_nd
 
-__all__ = ["attention", "attention_heads", "batch_norm", "batch_norm_training", "grid_sample", "group_norm",
+__all__ = ["attention", "attention_heads", "batch_norm", "conv", "batch_norm_training", "grid_sample", "group_norm",
            "layer_norm", "log_softmax", "nms", "pool", "pool_out_size", "post_transform", "recurrent", "rotary",
            "same_pads", "scatter_nd", "softmax"]

@@ -15,37 +15,11 @@ from gpukernels.kernels.nn.conv import Conv
 from gpukernels.kernels.nn.conv_transpose import ConvTranspose
 from gpukernels.kernels.nn.conv_variants import Col2Im, ConvInteger, DeformConv
 from gpukernels.tensor import Tensor
+from tests.reference import conv
 
 # ---------------------------------------------------------------- references
 
-
-def ref_conv(x, w, b=None, strides=None, pads=None, dilations=None, group=1):
-    x = np.asarray(x, np.float64)
-    w = np.asarray(w, np.float64)
-    N, C = x.shape[:2]
-    M = w.shape[0]
-    K = w.shape[2:]
-    n = len(K)
-    strides = strides or [1] * n
-    dilations = dilations or [1] * n
-    pads = pads or [0] * (2 * n)
-    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + n]) for i in range(n)])
-    O = [(xp.shape[2 + i] - (K[i] - 1) * dilations[i] - 1) // strides[i] + 1 for i in range(n)]
-    y = np.zeros((N, M, *O))
-    Cg, Mg = C // group, M // group
-    for nn in range(N):
-        for m in range(M):
-            g = m // Mg
-            for o in itertools.product(*[range(v) for v in O]):
-                acc = 0.0
-                for c in range(Cg):
-                    for k in itertools.product(*[range(v) for v in K]):
-                        idx = tuple(o[i] * strides[i] + k[i] * dilations[i] for i in range(n))
-                        acc += xp[(nn, g * Cg + c) + idx] * w[(m, c) + k]
-                y[(nn, m) + o] = acc
-    if b is not None:
-        y += np.asarray(b, np.float64).reshape((1, M) + (1,) * n)
-    return y
+ref_conv = conv  # tests/reference/conv.py
 
 
 def ref_conv_transpose(x, w, b=None, strides=None, pads=None, dilations=None, group=1,

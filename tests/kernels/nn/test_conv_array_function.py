@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from test_conv_pool_fastpaths import ref_conv
+from tests.reference import conv as ref_conv
 
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.nn import _conv_host as conv_host

@@ -14,7 +14,7 @@ from gpukernels.kernels.nn import _conv_host as conv_host
 from gpukernels.kernels.nn import conv as conv_mod
 from gpukernels.kernels.nn.conv import Conv
 
-from test_conv_pool_fastpaths import ref_conv
+from tests.reference import conv as ref_conv
 
 # these tests check the host specialisations themselves (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("default_paths")

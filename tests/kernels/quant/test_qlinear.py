@@ -3,7 +3,6 @@ documented float32 requantization."""
 
 from __future__ import annotations
 
-import itertools
 
 import ml_dtypes
 import numpy as np
@@ -14,6 +13,7 @@ from gpukernels.errors import KernelInputError, KernelTypeError
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.quant.qlinear import QLinearConv, QLinearMatMul
 from gpukernels.tensor import Tensor
+from tests.reference import conv
 
 RANGES = {np.uint8: (0, 255), np.int8: (-128, 127)}
 
@@ -109,29 +109,12 @@ def test_qlinear_matmul_errors(device, rng):
 
 
 def ref_conv(x, xz, w, wz, bias, group, strides, pads, dil):
-    n, c = x.shape[:2]
+    """Exact int64 convolution of the zero-point-shifted operands (tests/reference/conv.py)."""
     m = w.shape[0]
-    nsp = x.ndim - 2
-    k = w.shape[2:]
-    xs = x.astype(np.int64) - int(xz)
     wz = np.broadcast_to(np.asarray(wz, np.int64).reshape(-1), (m,))
-    ws = w.astype(np.int64) - wz.reshape((m,) + (1,) * (nsp + 1))
-    padded = np.zeros((n, c) + tuple(s + pads[i] + pads[i + nsp] for i, s in enumerate(x.shape[2:])), np.int64)
-    padded[(slice(None), slice(None)) + tuple(slice(pads[i], pads[i] + s) for i, s in enumerate(x.shape[2:]))] = xs
-    out_sp = [(padded.shape[2 + i] - ((k[i] - 1) * dil[i] + 1)) // strides[i] + 1 for i in range(nsp)]
-    y = np.zeros((n, m) + tuple(out_sp), np.int64)
-    cg, mg = c // group, m // group
-    for b in range(n):
-        for oc in range(m):
-            g = oc // mg
-            for o in itertools.product(*[range(s) for s in out_sp]):
-                total = 0
-                for ic in range(cg):
-                    for t in itertools.product(*[range(s) for s in k]):
-                        pos = tuple(o[i] * strides[i] + t[i] * dil[i] for i in range(nsp))
-                        total += padded[(b, g * cg + ic) + pos] * ws[(oc, ic) + t]
-                y[(b, oc) + o] = total + (0 if bias is None else int(bias[oc]))
-    return y
+    xs = x.astype(np.int64) - int(xz)
+    ws = w.astype(np.int64) - wz.reshape((m,) + (1,) * (w.ndim - 1))
+    return conv(xs, ws, None if bias is None else np.asarray(bias, np.int64), strides, pads, dil, group)
 
 
 @pytest.mark.parametrize("case", [
