@@ -15,7 +15,7 @@ from gpukernels.kernels.math.unary import Relu
 from gpukernels.runtime import Session
 from gpukernels.runtime.body import BodyProgram, CompiledGraph
 
-from test_runtime_fastpath import init, model_of, vi
+from tests.graphs import init, model_of, vi
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from gpukernels.errors import GpuKernelsError
 from gpukernels.kernels.math.unary import Log
 from gpukernels.runtime import Session
 
-from test_runtime_fastpath import init, model_of, vi
+from tests.graphs import init, model_of, vi
 
 
 def weights_model():

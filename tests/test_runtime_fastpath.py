@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper as oh
-from onnx import numpy_helper
 
 from gpukernels.errors import GpuKernelsError, KernelInputError
 from gpukernels.kernels import KernelContext, load_all
@@ -20,35 +19,9 @@ from gpukernels.kernels.base import lookup
 from gpukernels.runtime import Session
 from gpukernels.runtime.body import BodyProgram
 from gpukernels.tensor import Tensor
+from tests.graphs import init, model_of, vi
 
 load_all()
-
-
-def vi(name, et, shape=None):
-    return oh.make_tensor_value_info(name, et, shape)
-
-
-def _name_nodes(graph):
-    """Stable node names (unnamed nodes are named by object id, which differs between
-    sessions, and error messages are compared)."""
-    for k, node in enumerate(graph.node):
-        if not node.name:
-            node.name = f"{graph.name}_{node.op_type}_{k}"
-        for attr in node.attribute:
-            if attr.type == attr.GRAPH:
-                _name_nodes(attr.g)
-
-
-def model_of(nodes, inputs, outputs, initializers=(), opset=17):
-    graph = oh.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    _name_nodes(graph)
-    m = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
-
-
-def init(name, value):
-    return numpy_helper.from_array(np.asarray(value), name)
 
 
 @pytest.fixture
