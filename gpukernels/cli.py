@@ -3,7 +3,7 @@
     gpukernels [--debug] run [MODEL] [--device auto|cpu|cuda[:N]] [--inputs in.npz] [--output out.npz]
                              [--seed N] [--dim name=value] [--dump DIR] [--json]
     gpukernels info [--json]
-    gpukernels conformance [--device D] [--filter RE] [--json]
+    gpukernels conformance [--device D] [--paths auto|reference] [--filter RE] [--json]
     gpukernels parity ... / gpukernels profile ... / gpukernels eval ...   (see --help of each)
 
 MODEL defaults to the small model bundled with the package.  Every command ends a failure
