@@ -18,6 +18,7 @@ from gpukernels.archive import DataError, entry_names, read_npz, safe_name, writ
 from gpukernels.cli import main
 from gpukernels.errors import ModelError, ResourceLimitError
 from gpukernels.inputs import plan_random_inputs, random_inputs
+from gpukernels.kernels.base import KernelContext
 from gpukernels.parity import model_digest
 
 F = TensorProto.FLOAT
@@ -173,7 +174,7 @@ def test_read_rejects_non_archives_and_bad_name_maps(tmp_path):
 class _FakeSession:
     def __init__(self, model, limit=None):
         self.inputs = list(model.graph.input)
-        self.ctx = type("Ctx", (), {"option": lambda self, key, default=None: limit})()
+        self.ctx = KernelContext("cpu", options={} if limit is None else {"max_tensor_bytes": limit})
 
 
 def _input_model(shape, elem=F, name="x"):

@@ -213,12 +213,13 @@ def test_cuda_surface():
 # ------------------------------------------------------- gpukernels on top
 def test_gpukernels_sees_a_simulated_gpu_without_cuda_kernels():
     from gpukernels.gpu import accelerated
-    from gpukernels.xp import cuda_status, is_cupy_array, namespace
+    from gpukernels.xp import Device, cuda_status, is_cupy_array, namespace
 
     assert cuda_status().available
     assert namespace("cuda") is cupy
     assert is_cupy_array(cupy.zeros(1))
-    assert accelerated.get("Conv") is None
+    ok, why = accelerated.kernels_supported(Device("cuda", 0))
+    assert not ok and "NVRTC" in why  # the simulation cannot compile: the array code runs
 
 
 def test_cupy_backend_refuses_host_arrays_and_selftests_upload_theirs():

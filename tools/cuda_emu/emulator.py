@@ -63,8 +63,13 @@ from gpukernels.gpu import launch as gl  # noqa: E402
 
 BUILD_DIR = Path(os.environ.get("GK_EMU_BUILD_DIR", HERE / "build"))
 CXX = os.environ.get("CXX", "g++")
+# -fno-gnu-unique: a kernel template's static __shared__ arrays (static thread_locals of
+# the instantiation) stay private to each build; as GNU_UNIQUE symbols the loader would
+# bind every build that holds the same instantiation to the first one loaded, RTLD_LOCAL
+# or not (two builds then share shared memory, and the performance counters, which look
+# for it in their own module's thread-local block, miss it)
 CXXFLAGS = ["-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-pthread", "-U_FORTIFY_SOURCE",
-            "-fno-strict-aliasing", "-fno-stack-protector", "-w"]
+            "-fno-strict-aliasing", "-fno-stack-protector", "-fno-gnu-unique", "-w"]
 # UBSan's alignment check in trap mode (no runtime library; the trap is a SIGILL the
 # launcher turns into an error): a misaligned vector access faults here as on a GPU
 ALIGNMENT_FLAGS = ["-fsanitize=alignment", "-fsanitize-undefined-trap-on-error"]
