@@ -315,6 +315,21 @@ CASES = {
     ],
 }
 
+# the logistic family and float32 Gelu block by block on the host threads: the same
+# elementwise steps as the whole-array reference, so the same values
+CASES.update({
+    "Logistic.blocks:_logistic_pass_host_blocked": [
+        Case("Sigmoid", lambda r: [_f32(r, 3, 400, 101, scale=4.0)]),
+        Case("Mish", lambda r: [_f32(r, 2, 300, 211, scale=4.0)]),
+        Case("HardSwish", lambda r: [_f32(r, 5, 70001, scale=4.0)]),
+        Case("HardSigmoid", lambda r: [_f32(r, 140000, scale=4.0)], {"alpha": 0.3, "beta": 0.4}),
+        Case("Swish", lambda r: [_f32(r, 2, 70000, scale=4.0)], {"alpha": 1.5}, opset=24),
+    ],
+    "Gelu.blocks:_gelu_erf_f32_host_blocked": [
+        Case("Gelu", lambda r: [_f32(r, 3, 500, 301, scale=3.0)], {}, 0, 0, (1e-6, 1e-6)),
+    ],
+})
+
 # Conv and Clip host paths (issue 15, CNN speed): 1x1 products with the bias inside, im2col
 # products written into the output, depthwise blocks of other ranks on the host threads,
 # NumPy's one-pass clip, and the channels-last depthwise taps for tiny planes
@@ -350,6 +365,20 @@ CASES["Conv.depthwise:_depthwise_2d_host"] += [  # tiny planes: channels-last ta
          {"group": 160, "pads": [1, 1, 1, 1]}, 1e-5, 1e-5, (1e-5, 1e-5)),
     Case("Conv", lambda r: [_f32(r, 2, 200, 6, 6), _f32(r, 200, 1, 5, 5)],
          {"group": 200, "pads": [2, 2, 2, 2], "strides": [2, 2]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+]
+
+# MatMul/Gemm with a few rows (a decoding step) as vector-matrix products (issue 15,
+# transformer speed)
+CASES["MatMul.product:_vector_rows_host"] = [
+    Case("MatMul", lambda r: [_f32(r, 2, 1, 256), _f32(r, 256, 768)], {}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    Case("MatMul", lambda r: [_f32(r, 3, 64), _f32(r, 64, 50)], {}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    Case("MatMul", lambda r: [_f32(r, 1, 300), _f32(r, 7, 300).T], {}, 1e-5, 1e-5, (1e-5, 1e-5)),  # B a view
+    Case("MatMul", lambda r: [_f32(r, 4, 1, 32).astype(np.float64), _f32(r, 32, 9).astype(np.float64)], {},
+         1e-12, 1e-12),
+    Case("Gemm", lambda r: [_f32(r, 2, 256), _f32(r, 1000, 256), _f32(r, 1000)],
+         {"transB": 1, "alpha": 0.5, "beta": 2.0}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    Case("Gemm", lambda r: [_f32(r, 40, 4), _f32(r, 40, 30), _f32(r, 4, 1)], {"transA": 1}, 1e-5, 1e-5,
+         (1e-5, 1e-5)),
 ]
 
 # the hand-written CUDA kernels: compared with the array path by tests/gpu

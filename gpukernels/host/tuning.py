@@ -147,6 +147,21 @@ _ENTRIES = (
           "block of the host blockwise evaluation of a long elementwise chain (Erf, Mish...): "
           "the chain's temporaries in L2 against per-block call overhead",
           _on_dev("Mish on 8M elements 1.7x faster than with 1 << 14")),
+    # ------------------------------------------------------------ math/activations.py
+    Entry("logistic.block_elems", 1 << 16, "elements",
+          "block of the host Sigmoid/Swish/HardSigmoid/HardSwish/Mish pass: the block and its "
+          "scratch (256 KiB each in float32) in L2 against per-block call overhead",
+          _on_dev("best of 2^14..2^18 on 1x96x112x112 and 8M elements")),
+    Entry("gelu.block_elems", 1 << 17, "elements",
+          "block of the host float32 Gelu (x, out and two scratch blocks: 2 MiB together)",
+          _on_dev("twice the L2-sized block measured 15% faster (18 calls' fixed cost per block)")),
+    # ------------------------------------------------------------ math/matmul.py
+    Entry("matmul.host_vector_rows", 4, "rows of A (batch axes included)",
+          "up to this many rows, a host MatMul/Gemm with a 2-D B runs one vector-matrix "
+          "product (BLAS gemv) per row instead of one GEMM: no packing of B on every call, "
+          "no split over BLAS threads; the GEMM wins from about 6 rows",
+          _on_vm("one thread: (2,256)@(256,768) 40 vs 78 us, (2,256)@(256,2000) 77 vs 172 us, "
+                 "6 rows equal")),
     # ------------------------------------------------------------ math/softmax.py
     Entry("softmax.host_block_elems", 1 << 16, "elements",
           "block of whole slices along a non-last axis: every pass runs in cache", _CHOSEN),
@@ -225,8 +240,6 @@ _ENTRIES = (
 #                                 DEPTHWISE_TAPS_BYTES    = 1 << 19   (5-15% faster than 1 MiB)
 # TODO(lead): nn/_spatial.py      WORKSPACE_BYTES         = 256 MiB
 #                                 CPU_CHUNK_BYTES         = 8 MiB     (2-core x86: 4-16 MiB best)
-# TODO(lead): math/activations.py _LOGISTIC_BLOCK         = 1 << 16
-#                                 _GELU_BLOCK             = 1 << 17
 # TODO(lead): xp.py / host/       copy_array: threaded from 4 MiB, 1 MiB per thread;
 #                                 output pool from 4 MiB; default threads min(cores, 8)
 # TODO(lead): runtime/body.py     _FREE_BYTES = 1 << 15, _STAND_IN_BYTES = 1 << 12

@@ -35,7 +35,7 @@ def blockwise(xp, fn, x, out_dtype=None, *others, kernel=None):
     return fn(x, *others)
 
 
-@specialize("Elementwise.blocks", device="cpu", ops=("Erf",),
+@specialize("Elementwise.blocks", device="cpu", ops=("Erf", "Softplus", "Gelu", "SwiGLU"),
             when=lambda fn, x, out_dtype=None, *others: x.size > 4 * tuning.value("elementwise.block_elems"))
 def _blockwise_host(fn, x, out_dtype=None, *others):
     """fn over blocks of elementwise.block_elems (host/tuning.py) elements, independent

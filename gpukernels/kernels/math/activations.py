@@ -38,8 +38,9 @@ import threading
 
 import numpy as np
 
-from ...host import host_blocks, host_empty
+from ...host import host_blocks, host_empty, pooled_empty, tuning
 from ..base import KernelBase, register
+from ..specialize import specialize
 from ._mathcommon import MathUnary, XUnary, blockwise, erf
 
 
@@ -57,9 +58,6 @@ def _softplus(xp, x):
 
 # ------------------------------------------------------------- the logistic family
 
-# elements per host block: the block and its scratch (256 KiB each in float32) stay in
-# L2; measured best of 2^14..2^18 on 1x96x112x112 and 8M elements
-_LOGISTIC_BLOCK = 1 << 16
 
 
 def _chain_sigmoid(xp, x, out, scratch):
@@ -111,22 +109,20 @@ _LOGISTIC_CHAINS = {
 }
 
 
-def logistic_pass(xp, x, op: str, **params):
-    """The logistic-family operator ``op`` of a float32/float64 array, in one pass.
-
-    The chain runs once over the whole array on a GPU (or for a small array), and
-    block by block on the host threads otherwise (``_logistic_pass_host_blocked``)."""
+def logistic_pass(xp, x, op: str, kernel=None, **params):
+    """The logistic-family operator ``op`` of a float32/float64 array, in one pass of its
+    chain over the whole array (the reference); on the host, arrays of more than one block
+    go block by block over the host threads (the specialisation ``Logistic.blocks``,
+    chosen through kernel; without a kernel the reference runs)."""
     chain, needs_scratch = _LOGISTIC_CHAINS[op]
     flat = x.reshape(-1)
-    n = flat.size
-    if xp is np and n > _LOGISTIC_BLOCK:
-        out = host_empty(flat.shape, flat.dtype)
-        _logistic_pass_host_blocked(flat, out, chain, needs_scratch, params)
-    else:
-        out = host_empty(flat.shape, flat.dtype) if xp is np else xp.empty_like(flat)
-        scratch = xp.empty_like(flat) if needs_scratch else None
-        with np.errstate(all="ignore"):
-            chain(xp, flat, out, scratch, **params)
+    fast = kernel.specialized("Logistic.blocks", flat) if kernel is not None else None
+    if fast is not None:
+        return fast(flat, chain, needs_scratch, params).reshape(x.shape)
+    out = pooled_empty(xp, flat.shape, flat.dtype)
+    scratch = xp.empty_like(flat) if needs_scratch else None
+    with np.errstate(all="ignore"):
+        chain(xp, flat, out, scratch, **params)
     return out.reshape(x.shape)
 
 
@@ -141,12 +137,17 @@ def _logistic_array_function(kernel, inputs, attrs):
         return None
     params = {k: float(attrs[k] if attrs.get(k) is not None else v) for k, v in kernel._params}
     xp, op = kernel.xp, kernel.op_type
-    return lambda x: logistic_pass(xp, x, op, **params)
+    return lambda x: logistic_pass(xp, x, op, kernel, **params)
 
 
-def _logistic_pass_host_blocked(flat, out, chain, needs_scratch, params):
-    """Host only: the chain over blocks of _LOGISTIC_BLOCK elements, each block's
-    temporaries in cache, the blocks shared among the host threads."""
+@specialize("Logistic.blocks", device="cpu", ops=tuple(_LOGISTIC_CHAINS),
+            when=lambda flat: flat.size > tuning.value("logistic.block_elems"))
+def _logistic_pass_host_blocked(flat, chain, needs_scratch, params):
+    """The chain over blocks of logistic.block_elems elements (host/tuning.py), each
+    block's temporaries in cache, the blocks shared among the host threads: the same
+    elementwise steps as the reference, so the same values."""
+    block = tuning.value("logistic.block_elems")
+    out = host_empty(flat.shape, flat.dtype)
     local = threading.local()  # one scratch block per thread
 
     def one(lo, hi):
@@ -154,12 +155,13 @@ def _logistic_pass_host_blocked(flat, out, chain, needs_scratch, params):
         if needs_scratch:
             scratch = getattr(local, "scratch", None)
             if scratch is None:
-                scratch = local.scratch = np.empty(_LOGISTIC_BLOCK, flat.dtype)
+                scratch = local.scratch = np.empty(block, flat.dtype)
             scratch = scratch[:hi - lo]
         with np.errstate(all="ignore"):
             chain(np, flat[lo:hi], out[lo:hi], scratch, **params)
 
-    host_blocks(flat.size, _LOGISTIC_BLOCK, one)
+    host_blocks(flat.size, block, one)
+    return out
 
 
 @register()
@@ -167,7 +169,7 @@ class Sigmoid(XUnary):
     """1 / (1 + exp(-x)) (see the module docstring)."""
 
     def compute(self, xp, x):
-        return logistic_pass(xp, x, "Sigmoid")
+        return logistic_pass(xp, x, "Sigmoid", self)
 
     _params = ()
     array_function = _logistic_array_function
@@ -179,7 +181,7 @@ class Softplus(MathUnary):
         return self.apply(X, "X")
 
     def compute(self, xp, x):
-        return blockwise(xp, lambda v: _softplus(xp, v), x)
+        return blockwise(xp, lambda v: _softplus(xp, v), x, kernel=self)
 
 
 @register()
@@ -199,7 +201,7 @@ class Mish(MathUnary):
         return self.apply(X, "X")
 
     def compute(self, xp, x):
-        return logistic_pass(xp, x, "Mish")
+        return logistic_pass(xp, x, "Mish", self)
 
     _params = ()
     array_function = _logistic_array_function
@@ -213,7 +215,7 @@ class HardSwish(MathUnary):
         return self.apply(X, "X")
 
     def compute(self, xp, x):
-        return logistic_pass(xp, x, "HardSwish")
+        return logistic_pass(xp, x, "HardSwish", self)
 
     _params = ()
     array_function = _logistic_array_function
@@ -227,7 +229,7 @@ class HardSigmoid(MathUnary):
         return self.apply(X, "X", alpha=alpha, beta=beta)
 
     def compute(self, xp, x, alpha, beta):
-        return logistic_pass(xp, x, "HardSigmoid", alpha=alpha, beta=beta)
+        return logistic_pass(xp, x, "HardSigmoid", self, alpha=alpha, beta=beta)
 
     _params = (("alpha", 0.2), ("beta", 0.5))
     array_function = _logistic_array_function
@@ -272,35 +274,45 @@ _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 # through exp: x / (1 + inf) = -0 and x / (1 + 0) = x.  18 in-place ufunc calls per block.
 _GELU_P = (20064.30513059213, 2484.119269651739, 188.2809829766163, 4.770953939984689)
 _GELU_Q = (25146.876477614733, 1968.199399786798, 147.50310082960888)  # + z^3
-# elements per block: x, out and two scratch blocks (2 MiB of float32 together); twice
-# L2-sized blocks measured 15% faster (18 calls' fixed overhead per block)
-_GELU_BLOCK = 1 << 17
 
 
-def _gelu_erf_f32(xp, x):
-    """0.5 x (1 + erf(x / sqrt 2)) of a float32 array, block by block, in place."""
+def _gelu_erf_f32(xp, x, kernel=None):
+    """0.5 x (1 + erf(x / sqrt 2)) of a float32 array in one pass of _gelu_block (the
+    reference); on the host, block by block over the host threads (the specialisation
+    ``Gelu.blocks``, chosen through kernel)."""
     f = np.float32
     pc = [f(-2.0 * c) for c in _GELU_P]  # -2 g(x) directly
     qc = [f(c) for c in _GELU_Q]
     flat = xp.ascontiguousarray(x).reshape(-1)
-    out = host_empty(flat.shape, flat.dtype) if xp is np else xp.empty_like(flat)
-    n = flat.size
-    block = max(1, min(n, _GELU_BLOCK) if xp is np else n)
-    with np.errstate(over="ignore", invalid="ignore"):
-        if xp is np:  # independent blocks, handed out to the host threads
-            scratch = threading.local()  # two blocks of scratch per thread
-
-            def one(lo, hi):
-                if not hasattr(scratch, "zq"):
-                    scratch.zq = np.empty((2, block), np.float32)
-                zq = scratch.zq
-                _gelu_block(xp, flat[lo:hi], out[lo:hi], zq[0, :hi - lo], zq[1, :hi - lo], pc, qc)
-
-            host_blocks(n, block, one)
-        elif n:
-            zq = xp.empty((2, n), np.float32)
+    fast = kernel.specialized("Gelu.blocks", flat) if kernel is not None else None
+    if fast is not None:
+        return fast(flat, pc, qc).reshape(x.shape)
+    out = pooled_empty(xp, flat.shape, flat.dtype)
+    if flat.size:
+        with np.errstate(over="ignore", invalid="ignore"):
+            zq = xp.empty((2, flat.size), np.float32)
             _gelu_block(xp, flat, out, zq[0], zq[1], pc, qc)
     return out.reshape(x.shape)
+
+
+@specialize("Gelu.blocks", device="cpu", ops=("Gelu",))
+def _gelu_erf_f32_host_blocked(flat, pc, qc):
+    """_gelu_block over independent blocks of gelu.block_elems elements (host/tuning.py),
+    handed out to the host threads: the same elementwise steps, so the same values."""
+    n = flat.size
+    out = host_empty(flat.shape, flat.dtype)
+    block = max(1, min(n, tuning.value("gelu.block_elems")))
+    scratch = threading.local()  # two blocks of scratch per thread
+
+    def one(lo, hi):
+        if not hasattr(scratch, "zq"):
+            scratch.zq = np.empty((2, block), np.float32)
+        zq = scratch.zq
+        _gelu_block(np, flat[lo:hi], out[lo:hi], zq[0, :hi - lo], zq[1, :hi - lo], pc, qc)
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        host_blocks(n, block, one)
+    return out
 
 
 def _gelu_block(xp, xb, p, z, q, pc, qc):
@@ -352,10 +364,10 @@ class Gelu(MathUnary):
                 t *= v
                 t *= f(0.5)
                 return t
-            return blockwise(xp, fn, x)
-        if xp is np and x.dtype == np.float32:
-            return _gelu_erf_f32(xp, x)
-        e = erf(xp, x * f(_SQRT1_2))
+            return blockwise(xp, fn, x, kernel=self)
+        if x.dtype == np.float32:  # the rational form below, the same on both devices
+            return _gelu_erf_f32(xp, x, self)
+        e = erf(xp, x * f(_SQRT1_2), kernel=self)
         e += f(1)
         e *= x
         e *= f(0.5)
@@ -389,7 +401,7 @@ class Swish(MathUnary):
         return self.apply(X, "X", alpha=alpha)
 
     def compute(self, xp, x, alpha):
-        return logistic_pass(xp, x, "Swish", alpha=alpha)
+        return logistic_pass(xp, x, "Swish", self, alpha=alpha)
 
     _params = (("alpha", 1.0),)
     array_function = _logistic_array_function
@@ -409,7 +421,7 @@ class SwiGLU(KernelBase):
         al = xa.dtype.type(alpha)
         xp = self.xp
         with np.errstate(all="ignore"):
-            y = blockwise(xp, lambda u, v: u * _sigmoid(xp, u * al) * v, xa, None, xb)
+            y = blockwise(xp, lambda u, v: u * _sigmoid(xp, u * al) * v, xa, None, xb, kernel=self)
         return self.from_compute(y, a.data_type)
 
 

@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from gpukernels.host import tuning
 from gpukernels.kernels import KernelContext, load_all
 from gpukernels.kernels.base import lookup
 from gpukernels.kernels.math import activations, clip_pow
@@ -222,7 +223,7 @@ _AF_ATTRS = {"Sigmoid": {}, "HardSwish": {}, "Mish": {}, "Swish": {"alpha": 1.7}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n", [37, 3 * activations._LOGISTIC_BLOCK + 5])
+@pytest.mark.parametrize("n", [37, 3 * tuning.value("logistic.block_elems") + 5])
 @pytest.mark.parametrize("op", sorted(_AF_ATTRS) + ["Gelu-tanh"])
 def test_activation_array_functions_equal_kernels(op, n, dtype, rng):
     """What a compiled graph calls gives the kernel's array, also for inputs that
