@@ -195,6 +195,11 @@ def namespace(device: "Device | str") -> object:
     return cupy
 
 
+def is_host_namespace(xp) -> bool:
+    """Whether xp is NumPy (the host); per-device tuning asks this, algorithms never do."""
+    return xp is np
+
+
 def is_cupy_array(array) -> bool:
     """True for a cupy.ndarray; never imports CuPy."""
     return type(array).__module__.startswith("cupy") and "cupy" in sys.modules

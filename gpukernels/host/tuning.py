@@ -147,6 +147,26 @@ _ENTRIES = (
           "block of the host blockwise evaluation of a long elementwise chain (Erf, Mish...): "
           "the chain's temporaries in L2 against per-block call overhead",
           _on_dev("Mish on 8M elements 1.7x faster than with 1 << 14")),
+    # ------------------------------------------------------------ nn/conv.py, _conv_host.py, _spatial.py
+    Entry("spatial.workspace_bytes", 256 * _MiB, "bytes",
+          "largest im2col-like work buffer of one chunk (Conv, ConvTranspose, pooling windows, "
+          "MaxRoiPool): memory held against the number of chunks", _DEFAULT),
+    Entry("spatial.host_chunk_bytes", 8 * _MiB, "bytes",
+          "the same on the host: the column copy and the product that reads it stay in cache",
+          _on_dev("4-16 MiB best on a 2-core x86")),
+    Entry("conv.host_cols_bytes", 8 * _MiB, "bytes",
+          "column buffer of the host 2-D Conv (im2col by phase images): images per product "
+          "against cache", _on_dev("2-core AVX-512 host")),
+    Entry("conv.arena_min_bytes", 256 * _KiB, "bytes",
+          "host Conv outputs from this size on come from the Session's arena (fresh arrays of a "
+          "few MB are page-faulted in again on every call inside a model)", _CHOSEN),
+    Entry("depthwise.thread_items", 1 << 22, "output elements",
+          "host depthwise Conv: output elements per thread before a second thread is woken "
+          "(waking one costs more than it saves for calls of a few ms)", _on_dev("2-core VM")),
+    Entry("depthwise.taps_block_bytes", 512 * _KiB, "bytes",
+          "host depthwise Conv: tap copies of one channel block", _on_dev("5-15% faster than 1 MiB")),
+    Entry("depthwise.cache_block_bytes", 256 * _KiB, "bytes",
+          "depthwise Conv of other ranks: channels per block so the block stays in cache", _CHOSEN),
     # ------------------------------------------------------------ math/activations.py
     Entry("logistic.block_elems", 1 << 16, "elements",
           "block of the host Sigmoid/Swish/HardSigmoid/HardSwish/Mish pass: the block and its "
@@ -233,13 +253,6 @@ _ENTRIES = (
 )
 
 # Not moved yet (their modules were being edited by others), current values:
-# TODO(lead): nn/conv.py          _CACHE_BLOCK_BYTES      = 256 KiB
-# TODO(lead): nn/_conv_host.py    DEPTHWISE_THREAD_ITEMS  = 1 << 22   (measured on a 2-core VM)
-#                                 OUTPUT_POOL_BYTES       = 1 << 18
-#                                 HOST_COLS_BYTES         = 8 MiB     (2-core AVX-512 host)
-#                                 DEPTHWISE_TAPS_BYTES    = 1 << 19   (5-15% faster than 1 MiB)
-# TODO(lead): nn/_spatial.py      WORKSPACE_BYTES         = 256 MiB
-#                                 CPU_CHUNK_BYTES         = 8 MiB     (2-core x86: 4-16 MiB best)
 # TODO(lead): xp.py / host/       copy_array: threaded from 4 MiB, 1 MiB per thread;
 #                                 output pool from 4 MiB; default threads min(cores, 8)
 # TODO(lead): runtime/body.py     _FREE_BYTES = 1 << 15, _STAND_IN_BYTES = 1 << 12

@@ -18,14 +18,7 @@ import threading
 
 import numpy as np
 
-from ...host import host_blocks, host_empty
-
-# output elements per host thread before splitting: high, because waking a second thread
-# costs more than it saves for calls of a few milliseconds (measured on a 2-core VM)
-DEPTHWISE_THREAD_ITEMS = 1 << 22
-# outputs from this size on come from the reusable host pool (xp.host_empty): fresh
-# arrays of a few MB are page-faulted in again on every call inside a model
-OUTPUT_POOL_BYTES = 1 << 18
+from ...host import host_blocks, host_empty, tuning
 
 
 # Host (NumPy) 2-D convolution.  Strides and dilations are removed by a phase split of the
@@ -40,7 +33,7 @@ OUTPUT_POOL_BYTES = 1 << 18
 #   is one long contiguous run per (channel, tap) (a near memcpy) instead of Wo-long runs;
 #   chosen by _use_wide;
 # * otherwise exact rows of Wo, with the product written straight into Y.
-HOST_COLS_BYTES = 8 * 1024 * 1024
+# The column buffer's size: tuning entry conv.host_cols_bytes (host/tuning.py).
 
 
 def _use_wide(kw, Wq, Wo, K, M) -> bool:
@@ -105,15 +98,16 @@ def conv2d(x, w, b, strides, pads, dilations, O):
     Kc = K + ones_row
     # chunks: whole images while they fit the column budget, else row blocks of one image
     per_image = Kc * Ho * Wc * item
-    if per_image <= HOST_COLS_BYTES:
-        nb = max(1, min(N, HOST_COLS_BYTES // per_image))
+    cols_bytes = tuning.value("conv.host_cols_bytes")
+    if per_image <= cols_bytes:
+        nb = max(1, min(N, cols_bytes // per_image))
         chunks = [(n0, min(N, n0 + nb), 0, Ho) for n0 in range(0, N, nb)]
         rows = Ho
     else:
         nb = 1
-        rows = max(1, HOST_COLS_BYTES // (Kc * Wc * item))
+        rows = max(1, cols_bytes // (Kc * Wc * item))
         chunks = [(n0, n0 + 1, r0, min(Ho, r0 + rows)) for n0 in range(N) for r0 in range(0, Ho, rows)]
-    y = host_empty((N, M, Ho, Wo), dtype, OUTPUT_POOL_BYTES)
+    y = host_empty((N, M, Ho, Wo), dtype, tuning.value("conv.arena_min_bytes"))
     cols = np.empty((nb, Kc, rows * Wc), dtype=dtype)
     if ones_row:
         cols[:, K] = 1
@@ -167,7 +161,7 @@ def pointwise(x, w, b, strides, O):
     if any(s != 1 for s in strides):
         x = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
     wm = w.reshape(M, C)
-    y = host_empty((N, M) + tuple(O), dtype, OUTPUT_POOL_BYTES)
+    y = host_empty((N, M) + tuple(O), dtype, tuning.value("conv.arena_min_bytes"))
     if b is not None and M * (C + 1) + N * (C + 1) * P < N * M * P:
         cols = np.empty((N, C + 1, P), dtype)
         cols[:, :C].reshape(x.shape)[...] = x
@@ -216,7 +210,7 @@ def conv2d_taps(x, w, b, pads, dilations, O):
     acc = np.empty((M, L), dtype)
     tmp = np.empty((M, L), dtype)
     bias = None if b is None else b.reshape(M, 1, 1).astype(dtype, copy=False)
-    y = host_empty((N, M, Ho, Wo), dtype, OUTPUT_POOL_BYTES)
+    y = host_empty((N, M, Ho, Wo), dtype, tuning.value("conv.arena_min_bytes"))
     for n in range(N):
         if rows and cols:
             pad[:, ph:ph + rows, pw:pw + cols] = x[n, :, :rows, :cols]
@@ -236,8 +230,6 @@ def conv2d_taps(x, w, b, pads, dilations, O):
     return y
 
 
-# host depthwise: the tap copies of one channel block (512 KiB: 5-15% faster than 1 MiB)
-DEPTHWISE_TAPS_BYTES = 1 << 19
 
 
 def use_channels_last_taps(N, C, m, T, Ho, Wc) -> bool:
@@ -286,7 +278,7 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O):
             else:
                 np.multiply(view, wt[i * kw + j], out=tmp)
                 acc += tmp
-    y = host_empty((N, C, Ho, Wo), dtype, OUTPUT_POOL_BYTES)
+    y = host_empty((N, C, Ho, Wo), dtype, tuning.value("conv.arena_min_bytes"))
     res = acc[:, :, :Wo].transpose(0, 3, 1, 2)
     if b is None:
         y[...] = res
@@ -327,11 +319,11 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O):
         return depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O)
     # padded rows/columns holding input data (pads may exceed what the output reads)
     rows, cols = max(0, min(Hp, ph + H) - ph), max(0, min(Wp, pw + W) - pw)
-    cb = max(1, min(C, DEPTHWISE_TAPS_BYTES // max(1, T * L * item)))
+    cb = max(1, min(C, tuning.value("depthwise.taps_block_bytes") // max(1, T * L * item)))
     nblk = -(-C // cb)
     wv = w.reshape(C, m, T)
     bias = None if b is None else b.reshape(C, m, 1, 1).astype(dtype, copy=False)
-    y = host_empty((N, C, m, Ho, Wo), dtype, OUTPUT_POOL_BYTES)
+    y = host_empty((N, C, m, Ho, Wo), dtype, tuning.value("conv.arena_min_bytes"))
     local = threading.local()
 
     def unit(u):
@@ -358,6 +350,6 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O):
             np.add(res, bias[c0:c1], out=y[n, c0:c1])
 
     units = N * nblk
-    threads = 2 if N * C * m * Ho * Wo >= DEPTHWISE_THREAD_ITEMS else 1
+    threads = 2 if N * C * m * Ho * Wo >= tuning.value("depthwise.thread_items") else 1
     host_blocks(units, 1, lambda u0, u1: [unit(u) for u in range(u0, u1)], threads=threads)
     return y.reshape((N, C * m, Ho, Wo))

@@ -4,8 +4,9 @@ Attribute normalisation (kernel_shape, strides, dilations, pads, auto_pad), outp
 arithmetic, zero/constant padding of a sub-window, strided window views that work on
 NumPy and CuPy alike, and the workspace budget.
 
-Workspace: every im2col-like buffer is built per chunk so that no chunk exceeds
-``WORKSPACE_BYTES`` (256 MiB).  Chunks run over the batch first and, when a single image
+Workspace: every im2col-like buffer is built per chunk so that no chunk exceeds the
+tuning entry ``spatial.workspace_bytes`` (256 MiB; cache-sized ``spatial.host_chunk_bytes``
+on the host, see gpukernels/host/tuning.py).  Chunks run over the batch first and, when a single image
 is too large, over the first output spatial axis (rows).
 """
 
@@ -15,21 +16,21 @@ import math
 
 import numpy as np
 
-WORKSPACE_BYTES = 256 * 1024 * 1024
-
-# Column buffers on the CPU are kept small so that the copy and the matmul that reads it
-# stay in cache (measured on a 2-core x86: 4-16 MiB is the sweet spot); GPUs get the whole budget.
-CPU_CHUNK_BYTES = 8 * 1024 * 1024
+from ...host import tuning
+from ...xp import is_host_namespace
 
 
-# Tuning by array namespace (block sizes change speed, never results); others get the
-# whole budget.
-_CHUNK_BYTES = {"numpy": min(WORKSPACE_BYTES, CPU_CHUNK_BYTES)}
+def workspace_bytes() -> int:
+    """The largest im2col-like work buffer of one chunk (tuning: spatial.workspace_bytes)."""
+    return tuning.value("spatial.workspace_bytes")
 
 
 def chunk_target(xp) -> int:
-    """Bytes per im2col-like work chunk in namespace xp (tuning)."""
-    return _CHUNK_BYTES.get(xp.__name__, WORKSPACE_BYTES)
+    """Bytes per im2col-like work chunk in namespace xp: cache-sized on the host (the copy
+    and the product that reads it stay in cache), the whole workspace on a GPU."""
+    if is_host_namespace(xp):
+        return min(workspace_bytes(), tuning.value("spatial.host_chunk_bytes"))
+    return workspace_bytes()
 
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -186,7 +187,8 @@ def taps(kernel_shape):
     return list(np.ndindex(*[int(k) for k in kernel_shape]))
 
 
-def row_chunks(total_rows: int, bytes_per_row: int, budget: int = WORKSPACE_BYTES):
-    """[(r0, r1), ...] covering total_rows with at most budget bytes per chunk (>= 1 row)."""
-    step = max(1, budget // max(1, bytes_per_row))
+def row_chunks(total_rows: int, bytes_per_row: int, budget: int | None = None):
+    """[(r0, r1), ...] covering total_rows with at most budget bytes (default: the
+    workspace) per chunk (>= 1 row)."""
+    step = max(1, (workspace_bytes() if budget is None else budget) // max(1, bytes_per_row))
     return [(r, min(r + step, total_rows)) for r in range(0, total_rows, step)]

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...host import parallel_ranges
+from ...host import parallel_ranges, tuning
 from ..base import KernelBase, register
 from ..math.arith import native_compute
 from ..specialize import specialize
 from . import _conv_host as host
 from . import _spatial as sp
 
-_CACHE_BLOCK_BYTES = 256 * 1024
 
 
 def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None, kernel=None):
@@ -212,7 +211,7 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O, run_blocks=_in_order):
     else:
         acc_shape = tuple(O)
     per_channel = max(1, N * sp.prod(acc_shape) * x.dtype.itemsize)
-    cb = max(1, min(C, _CACHE_BLOCK_BYTES // per_channel))
+    cb = max(1, min(C, tuning.value("depthwise.cache_block_bytes") // per_channel))
     tap_list = sp.taps(K)
     item = x.dtype.itemsize
 
@@ -253,7 +252,7 @@ def _depthwise(xp, x, w, b, strides, pads, dilations, O, run_blocks=_in_order):
 def _on_host_threads(starts, run_block, per_block):
     """Run the depthwise channel blocks on the host threads (NumPy releases the GIL in
     its ufuncs) when the call is big enough to pay for waking them."""
-    parallel_ranges(len(starts), max(1, -(-host.DEPTHWISE_THREAD_ITEMS // max(1, per_block))),
+    parallel_ranges(len(starts), max(1, -(-tuning.value("depthwise.thread_items") // max(1, per_block))),
                     lambda first, last: [run_block(c0) for c0 in starts[first:last]])
 
 

@@ -33,6 +33,7 @@ from ...dtypes import DataType
 from ...host import tuning
 from ...limits import check_allocation
 from ...tensor import Tensor
+from ...xp import is_host_namespace
 from ..base import KernelBase, register
 from . import _pool_host  # noqa: F401 -- registers the specialisation "Pool.windows"
 from . import _spatial as sp
@@ -125,7 +126,7 @@ def _blocks(xp, x2, geo, fill):
           for i in range(n_sp)]
     per = max(1, sp.prod([h - l for h, l in zip(hi, lo)]) * x2.dtype.itemsize)
     # padded input per block: cache-sized on the host, the whole workspace on a GPU
-    budget = tuning.value("pool.host_window_block_bytes") if xp.__name__ == "numpy" else sp.WORKSPACE_BYTES
+    budget = tuning.value("pool.host_window_block_bytes") if is_host_namespace(xp) else sp.workspace_bytes()
     step = max(1, budget // per)
     for a in range(0, NC, step):
         b = min(NC, a + step)
@@ -457,7 +458,7 @@ class MaxRoiPool(KernelBase):
         if R and C and H and W:
             neg = -np.inf
             per_roi = max(1, C * H * W * PW * xc.dtype.itemsize)
-            step = max(1, sp.WORKSPACE_BYTES // 4 // per_roi)
+            step = max(1, sp.workspace_bytes() // 4 // per_roi)
             for a in range(0, R, step):
                 b = min(R, a + step)
                 xr = xc[xp.asarray(batch[a:b])]  # (r, C, H, W)

@@ -10,7 +10,6 @@ import pytest
 
 from gpukernels.errors import KernelInputError, KernelTypeError
 from gpukernels.kernels.base import KernelContext
-from gpukernels.kernels.nn import _spatial
 from gpukernels.kernels.nn.conv import Conv
 from gpukernels.kernels.nn.conv_transpose import ConvTranspose
 from gpukernels.kernels.nn.conv_variants import Col2Im, ConvInteger, DeformConv
@@ -135,20 +134,18 @@ def test_conv_bfloat16_needs_opset_22(rng):
         Conv(KernelContext("cpu", opset=11))(x, x)
 
 
-def test_conv_chunked_workspace(device, rng, monkeypatch):
+def test_conv_chunked_workspace(device, rng, tuning):
     """Tiny workspace: the im2col path must chunk over batch and rows and agree."""
-    monkeypatch.setattr(_spatial, "WORKSPACE_BYTES", 2048)
-    monkeypatch.setattr(_spatial, "CPU_CHUNK_BYTES", 2048)
+    tuning({"spatial.workspace_bytes": 2048, "spatial.host_chunk_bytes": 2048})
     x, w, b = rnd(rng, (3, 3, 9, 8)), rnd(rng, (4, 3, 3, 3)), rnd(rng, (4,))
     y = Conv(KernelContext(device))(x, w, b, pads=[1, 2, 0, 1], strides=[2, 1]).numpy()
     close(y, ref_conv(x, w, b, [2, 1], [1, 2, 0, 1]), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("group", [1, 2])
-def test_conv_chunked_over_batch(device, rng, monkeypatch, group):
+def test_conv_chunked_over_batch(device, rng, tuning, group):
     """Workspace for two images: the im2col path runs whole-image chunks (2, 2, 1)."""
-    monkeypatch.setattr(_spatial, "WORKSPACE_BYTES", 12000)
-    monkeypatch.setattr(_spatial, "CPU_CHUNK_BYTES", 12000)
+    tuning({"spatial.workspace_bytes": 12000, "spatial.host_chunk_bytes": 12000})
     x, w, b = rnd(rng, (5, 4, 6, 6)), rnd(rng, (6, 4 // group, 3, 3)), rnd(rng, (6,))
     y = Conv(KernelContext(device))(x, w, b, pads=[1, 1, 1, 1], group=group).numpy()
     close(y, ref_conv(x, w, b, [1, 1], [1, 1, 1, 1], group=group), rtol=1e-4, atol=1e-4)
@@ -267,9 +264,8 @@ def test_conv_transpose_auto_pad(device, rng, mode):
     close(y, ref_conv_transpose(x, w, None, [2, 2], flat, out_shape=[6, 8]), rtol=1e-4, atol=1e-4)
 
 
-def test_conv_transpose_chunked(device, rng, monkeypatch):
-    monkeypatch.setattr(_spatial, "WORKSPACE_BYTES", 1024)
-    monkeypatch.setattr(_spatial, "CPU_CHUNK_BYTES", 1024)
+def test_conv_transpose_chunked(device, rng, tuning):
+    tuning({"spatial.workspace_bytes": 1024, "spatial.host_chunk_bytes": 1024})
     x, w = rnd(rng, (3, 2, 6, 5)), rnd(rng, (2, 3, 3, 3))
     y = ConvTranspose(KernelContext(device))(x, w, strides=[2, 1], pads=[1, 0, 1, 1]).numpy()
     close(y, ref_conv_transpose(x, w, None, [2, 1], [1, 0, 1, 1]), rtol=1e-4, atol=1e-4)

@@ -51,12 +51,12 @@ CONV_CASES = [
 @pytest.mark.parametrize("case", CONV_CASES)
 @pytest.mark.parametrize("wide", [None, True, False])
 @pytest.mark.parametrize("budget", [None, 1])
-def test_host_conv2d_matches_reference(case, wide, budget, rng, monkeypatch):
+def test_host_conv2d_matches_reference(case, wide, budget, rng, monkeypatch, tuning):
     xs, ws, strides, pads, dil = case
     if wide is not None:
         monkeypatch.setattr(conv_host, "_use_wide", lambda *a: wide)
     if budget is not None:  # one row per chunk: exercises the row chunking
-        monkeypatch.setattr(conv_host, "HOST_COLS_BYTES", budget)
+        tuning({"conv.host_cols_bytes": budget})
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
     b = rng.standard_normal(ws[0]).astype(np.float32)
@@ -68,13 +68,13 @@ def test_host_conv2d_matches_reference(case, wide, budget, rng, monkeypatch):
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
-def test_host_conv2d_image_chunks_double_and_noncontiguous(rng, monkeypatch):
+def test_host_conv2d_image_chunks_double_and_noncontiguous(rng, monkeypatch, tuning):
     # a budget of ~2 images per chunk with 5 images: full and partial image chunks
     x = rng.standard_normal((5, 4, 9, 12)).transpose(0, 1, 3, 2)  # non-contiguous (5, 4, 12, 9)
     w = rng.standard_normal((6, 4, 3, 3))
     b = rng.standard_normal(6)
     per_image = (4 * 9 + 1) * 12 * 11 * 8
-    monkeypatch.setattr(conv_host, "HOST_COLS_BYTES", 2 * per_image + 5)
+    tuning({"conv.host_cols_bytes": 2 * per_image + 5})
     for wide in (True, False):
         monkeypatch.setattr(conv_host, "_use_wide", lambda *a, wide=wide: wide)
         y = conv_mod.conv_forward(np, x, w, b, [1, 1], [1, 0, 0, 1], [1, 1], 1)

@@ -47,11 +47,10 @@ CASES = [
 
 @pytest.mark.parametrize("threads", ["1", "2"])
 @pytest.mark.parametrize("case", CASES)
-def test_depthwise_wide_matches_reference(case, threads, rng, monkeypatch):
+def test_depthwise_wide_matches_reference(case, threads, rng, monkeypatch, tuning):
     xs, mult, ks, strides, pads, dil = case
     monkeypatch.setenv("GPUKERNELS_CPU_THREADS", threads)
-    monkeypatch.setattr(conv_host, "DEPTHWISE_THREAD_ITEMS", 1)
-    monkeypatch.setattr(conv_host, "DEPTHWISE_TAPS_BYTES", 1)  # one channel per block
+    tuning({"depthwise.thread_items": 1, "depthwise.taps_block_bytes": 1})  # one channel per block
     C = xs[1]
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal((C * mult, 1) + ks).astype(np.float32)
