@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from ..xp import is_cupy_array
+from . import tuning
 from .arena import host_empty
 
 _POOL = None
@@ -117,10 +118,10 @@ def host_blocks(n: int, step: int, fn, threads: int | None = None) -> None:
 
 def copy_array(array):
     """A C-contiguous copy of array; large host arrays are copied by several threads."""
-    if is_cupy_array(array) or not array.flags.c_contiguous or array.nbytes < (4 << 20):
+    if is_cupy_array(array) or not array.flags.c_contiguous or array.nbytes < tuning.value("copy.thread_min_bytes"):
         return array.copy()
     out = host_empty(array.shape, array.dtype)
     src, dst = array.reshape(-1), out.reshape(-1)
-    parallel_ranges(src.size, (1 << 20) // max(1, array.itemsize),
+    parallel_ranges(src.size, tuning.value("copy.thread_bytes") // max(1, array.itemsize),
                     lambda lo, hi: np.copyto(dst[lo:hi], src[lo:hi]))
     return out

@@ -167,6 +167,10 @@ _ENTRIES = (
           "host depthwise Conv: tap copies of one channel block", _on_dev("5-15% faster than 1 MiB")),
     Entry("depthwise.cache_block_bytes", 256 * _KiB, "bytes",
           "depthwise Conv of other ranks: channels per block so the block stays in cache", _CHOSEN),
+    # ------------------------------------------------------------ host/threads.py
+    Entry("copy.thread_min_bytes", 4 * _MiB, "bytes",
+          "host copies (copy_array) from this size on are split over the host threads", _CHOSEN),
+    Entry("copy.thread_bytes", _MiB, "bytes", "bytes per thread of a split host copy", _CHOSEN),
     # ------------------------------------------------------------ math/activations.py
     Entry("logistic.block_elems", 1 << 16, "elements",
           "block of the host Sigmoid/Swish/HardSigmoid/HardSwish/Mish pass: the block and its "
@@ -252,10 +256,10 @@ _ENTRIES = (
           "most samples of a default batch", _DEFAULT),
 )
 
-# Not moved yet (their modules were being edited by others), current values:
-# TODO(lead): xp.py / host/       copy_array: threaded from 4 MiB, 1 MiB per thread;
-#                                 output pool from 4 MiB; default threads min(cores, 8)
-# TODO(lead): runtime/body.py     _FREE_BYTES = 1 << 15, _STAND_IN_BYTES = 1 << 12
+# Not here: the arena's floor and size (host/arena.py: GPUKERNELS_HOST_POOL_MB), the host
+# thread count (host/threads.py: GPUKERNELS_CPU_THREADS), both settings of their own, and
+# runtime/body.py's _FREE_BYTES / _STAND_IN_BYTES (1 << 15, 1 << 12: when a compiled body
+# frees an intermediate, what a recording copies), runtime bookkeeping rather than kernel tuning.
 
 _TABLE = {e.name: e for e in _ENTRIES}
 _VALUES = {e.name: e.value for e in _ENTRIES}  # what value() returns; override() edits it
