@@ -466,7 +466,8 @@ def test_inplace_result_of_another_shape_goes_through_the_kernels(rng):
             return Tensor.wrap(t.array[:1].copy(), t.data_type)
 
         def array_function(self, inputs, attrs):
-            return lambda a, b: (a @ b)[:1].copy()
+            product = super().array_function(inputs, attrs)  # the kernel's own product
+            return lambda a, b: product(a, b)[:1].copy()
 
     nodes = [oh.make_node("MatMul", ["x", "W"], ["h"]), oh.make_node("Add", ["h", "b"], ["hb"]),
              oh.make_node("Relu", ["hb"], ["y"])]

@@ -79,7 +79,8 @@ def _elementwise(rng, version, dt, n_inputs):
 
 
 def _matmul(rng, version, dt, n_inputs):
-    shapes = [((3, 4), (4, 5)), ((2, 3, 4), (4,)), ((4,), (4, 5)), ((2, 1, 3, 4), (5, 4, 2))]
+    shapes = [((3, 4), (4, 5)), ((2, 3, 4), (4,)), ((4,), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)),
+              ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (4, 5)), ((2, 0, 4), (4, 5))]
     return [([_values(rng, a, dt), _values(rng, b, dt)], {}) for a, b in shapes]
 
 
@@ -125,7 +126,57 @@ def _with_attrs(*attr_sets):
     return cases
 
 
+# --- rows, shapes and layout (issue 15, session 5: compiled graphs call these as arrays)
+
+
+def _rows(rng, version, dt, n_inputs):
+    """Softmax-family inputs at several axes (negative included), NaN/inf among them."""
+    x = _values(rng, (2, 3, 4), dt, special=True)
+    return [([x], {"axis": a}) for a in (0, 1, -1, 2)] + [([x[0]], {})]
+
+
+def _norms(bias: bool):
+    """LayerNormalization (bias: with and without B) / RMSNormalization inputs:
+    parameters over the last one or two axes, with leading 1s, broadcast, and stash_type
+    1 or X's own type."""
+    def cases(rng, version, dt, n_inputs):
+        x = _values(rng, (2, 3, 4), dt)
+        own = {} if dt != DataType.DOUBLE else {"stash_type": int(DataType.DOUBLE)}
+        out = []
+        for axis, shape in ((-1, (4,)), (1, (3, 4)), (-1, (1, 1, 4)), (1, (3, 1)), (-2, (1,))):
+            params = [_values(rng, shape, dt) for _ in range(2 if bias else 1)]
+            for n in range(1, len(params) + 1):
+                out.append(([x, *params[:n]], {"axis": axis, "epsilon": 1e-3, **own}))
+        return out
+    return cases
+
+
+def _reshape(rng, version, dt, n_inputs):
+    x = _values(rng, (2, 3, 4), dt)
+    return [([x, np.array(s, np.int64)], a) for s, a in (([4, -1], {}), ([0, 12], {}), ([2, 0, 4], {}),
+                                                             ([24], {}), ([2, 3, 4, 1], {"allowzero": 1}))
+            if version >= 14 or not a]
+
+
+def _transpose(rng, version, dt, n_inputs):
+    x = _values(rng, (2, 3, 4), dt)
+    return [([x], {}), ([x], {"perm": [0, 2, 1]}), ([x], {"perm": [-1, 0, 1]})]
+
+
+def _concat(rng, version, dt, n_inputs):
+    parts = [_values(rng, (2, k, 4), dt) for k in (1, 3, 2)]
+    return [(parts, {"axis": 1}), (parts[:1], {"axis": -2}), ([parts[0], parts[0]], {"axis": 0})]
+
+
 CASES = {
+    "Softmax": _rows,
+    "LogSoftmax": _rows,
+    "Hardmax": _rows,
+    "LayerNormalization": _norms(bias=True),
+    "RMSNormalization": _norms(bias=False),
+    "Reshape": _reshape,
+    "Transpose": _transpose,
+    "Concat": _concat,
     "MatMul": _matmul,
     "Gemm": _gemm,
     "Clip": _clip,

@@ -7,7 +7,13 @@ float64 and casts back (truncating toward zero) only when they are not 1.
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
+from ...host import host_empty, tuning
 from ..base import KernelBase, register
+from ..specialize import specialize
 from .arith import native_compute
 
 
@@ -31,13 +37,13 @@ class MatMul(KernelBase):
                 if da != db and 1 not in (da, db):
                     raise self.error("batch dimensions do not broadcast", A=a, B=b)
         am, bm = self.to_compute(a), self.to_compute(b)
-        return self.from_compute(matmul_op(self.xp, am, bm)(am, bm), a.data_type)
+        return self.from_compute(matmul_op(self, am, bm)(am, bm), a.data_type)
 
     def array_function(self, inputs, attrs):
         """matmul_op for these shapes (natively computed types)."""
         if not native_compute(inputs):
             return None
-        return matmul_op(self.xp, inputs[0].array, inputs[1].array)
+        return matmul_op(self, inputs[0].array, inputs[1].array)
 
 
 @register()
@@ -60,7 +66,7 @@ class Gemm(KernelBase):
                              f"with transA={transA}, transB={transB}", A=a, B=b)
         if not c.is_absent and (c.ndim > 2 or any(d not in (1, t) for d, t in zip(reversed(c.shape), (n, m)))):
             raise self.error(f"C does not broadcast to ({m}, {n})", A=a, B=b, C=c)
-        y = gemm(self.xp, self.to_compute(a), self.to_compute(b),
+        y = gemm(self, self.to_compute(a), self.to_compute(b),
                  None if c.is_absent else self.to_compute(c), alpha, beta, transA, transB)
         return self.from_compute(y, a.data_type)
 
@@ -68,27 +74,57 @@ class Gemm(KernelBase):
         """Float types computed natively, C given or not: gemm with the node's attributes."""
         if len(inputs) not in (2, 3) or not native_compute(inputs) or inputs[0].array.dtype.kind != "f":
             return None
-        xp = self.xp
+        kernel = self
         alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
         trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
 
         def gemm_arrays(a, b, c=None):
-            return gemm(xp, a, b, c, alpha, beta, trans_a, trans_b)
+            return gemm(kernel, a, b, c, alpha, beta, trans_a, trans_b)
 
         return gemm_arrays
 
 
-def matmul_op(xp, a, b):
-    """The product for operands shaped as a and b: ndarray.dot for two 2-D operands (the
-    same product as matmul with less call overhead), else xp.matmul."""
-    return a.__class__.dot if a.ndim == 2 and b.ndim == 2 else xp.matmul
+def matmul_op(kernel, a, b):
+    """The product for operands shaped as a and b: a registered specialisation of
+    "MatMul.product" where one applies; ndarray.dot for two 2-D operands (the same
+    product as matmul with less call overhead); a stack of matrices times one matrix as
+    one 2-D product (_folded_matmul); else xp.matmul."""
+    fast = kernel.specialized("MatMul.product", a, b)
+    if fast is not None:
+        return fast
+    xp = kernel.xp
+    if b.ndim == 2:
+        if a.ndim == 2:
+            return a.__class__.dot
+        if a.ndim > 2:
+            return functools.partial(_folded_matmul, xp)
+    return xp.matmul
 
 
-def gemm(xp, a, b, c, alpha, beta, trans_a, trans_b):
+def _folded_matmul(xp, a, b):
+    """a (..., M, K) @ b (K, N) with the batch axes folded into the rows: one (batch * M,
+    K) @ (K, N) product when a is C-contiguous (a free reshape), instead of one small
+    product per matrix of the stack (one BLAS call, which also splits better over its
+    threads); any other a goes to xp.matmul.  Each output row is the same dot products
+    of the same row and columns either way; the BLAS may block the sums differently."""
+    if not a.flags.c_contiguous:
+        return xp.matmul(a, b)
+    lead = a.shape[:-1]
+    rows = 1
+    for d in lead:
+        rows *= d
+    return a.reshape(rows, a.shape[-1]).dot(b).reshape(lead + (b.shape[1],))
+
+
+def gemm(kernel, a, b, c, alpha, beta, trans_a, trans_b):
     """alpha * a' @ b' + beta * c on compute arrays whose shapes were checked (c None:
-    no C).  Floats are scaled in their own type; integers in float64, then converted back
-    toward zero, and only when the factor is not 1."""
-    y = xp.matmul(a.T if trans_a else a, b.T if trans_b else b)
+    no C), the product as matmul_op chooses.  Floats are scaled in their own type;
+    integers in float64, then converted back toward zero, and only when the factor is
+    not 1."""
+    xp = kernel.xp
+    a = a.T if trans_a else a
+    b = b.T if trans_b else b
+    y = matmul_op(kernel, a, b)(a, b)
     integer = y.dtype.kind in "iu"
     if alpha != 1.0:
         y = _scale_int(xp, y, alpha) if integer else (y * alpha).astype(y.dtype)
@@ -96,8 +132,32 @@ def gemm(xp, a, b, c, alpha, beta, trans_a, trans_b):
         return y
     if beta != 1.0:
         c = _scale_int(xp, c, beta) if integer else (c * beta).astype(c.dtype)
+    if c.dtype == y.dtype:  # y is a new array of the result's shape: add into it
+        return xp.add(y, c, out=y)
     return y + c
 
 
 def _scale_int(xp, y, factor):
     return (y.astype(xp.float64) * factor).astype(y.dtype)
+
+
+def _few_rows(a, b) -> bool:
+    rows = a.size // a.shape[-1] if a.ndim >= 2 and a.shape[-1] else 0
+    return (b.ndim == 2 and a.ndim >= 2 and a.dtype == b.dtype and a.dtype.kind == "f"
+            and 0 < rows <= tuning.value("matmul.host_vector_rows"))
+
+
+@specialize("MatMul.product", device="cpu", ops=("MatMul", "Gemm"), when=_few_rows,
+            agreement="rtol 1e-5, atol 1e-5 (float32): one vector-matrix product (BLAS gemv) per row, "
+                      "summed in another order than the matrix product")
+def _vector_rows_host(a, b):
+    """A product with a few rows (a decoding step: batch x 1 tokens) times a 2-D b as one
+    vector-matrix product per row, into a reusable buffer: OpenBLAS packs all of b on
+    every GEMM call and may split it over its threads; gemv reads b once per row."""
+    k, n = b.shape
+    lead = a.shape[:-1]
+    a2 = a.reshape(-1, k)
+    out = host_empty((a2.shape[0], n), a.dtype)
+    for i in range(a2.shape[0]):
+        np.dot(a2[i], b, out=out[i])
+    return out.reshape(lead + (n,))

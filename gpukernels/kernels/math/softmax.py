@@ -13,6 +13,7 @@ LayerNormalization): ``host_row_blocks``, ``row_sums``.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -22,6 +23,7 @@ from ...host import tuning
 from ...host import host_blocks, host_empty, parallel_ranges
 from ..base import KernelBase, register
 from ..specialize import specialize
+from .arith import native_compute
 
 # ----------------------------------------------------------------------------- softmax
 
@@ -162,21 +164,34 @@ class RowwiseKernel(KernelBase):
     def __call__(self, input, axis=None):
         x = self.tensor(input, "input")
         self.check_inputs(x)
-        legacy = self.since_version < 13
-        if axis is None:
-            axis = 1 if legacy else -1
-        if x.ndim == 0:
-            raise self.error("input must have at least one dimension", input=x)
-        axis = normalize_axis(self, axis, x.ndim, input=x)
+        axis = self._axis(x, axis)
         xc = self.to_compute(x)
         if x.size == 0:
             return self.from_compute(xc.copy(), x.data_type)
-        if legacy:
-            rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-            y = self.along(self, xc.reshape(rows, -1), 1).reshape(x.shape)
-        else:
-            y = self.along(self, xc, axis)
-        return self.from_compute(y, x.data_type)
+        return self.from_compute(self._rows(xc, axis), x.data_type)
+
+    def _axis(self, x, axis) -> int:
+        """The checked, non-negative axis (default 1 before opset 13, else -1)."""
+        if axis is None:
+            axis = 1 if self.since_version < 13 else -1
+        if x.ndim == 0:
+            raise self.error("input must have at least one dimension", input=x)
+        return normalize_axis(self, axis, x.ndim, input=x)
+
+    def _rows(self, xc, axis: int):
+        """The operation on a compute array: along the axis (opset 13+), or over whole
+        rows of the 2-D coercion at axis (opset 1-12)."""
+        if self.since_version < 13:
+            rows = math.prod(xc.shape[:axis])
+            return self.along(self, xc.reshape(rows, -1), 1).reshape(xc.shape)
+        return self.along(self, xc, axis)
+
+    def array_function(self, inputs, attrs):
+        """Types computed natively, non-empty input: the row step with the axis resolved."""
+        if len(inputs) != 1 or not native_compute(inputs) or inputs[0].ndim == 0 or inputs[0].size == 0:
+            return None
+        axis = self._axis(inputs[0], attrs.get("axis"))
+        return functools.partial(self._rows, axis=axis)
 
 
 @register()

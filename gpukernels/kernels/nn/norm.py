@@ -9,6 +9,7 @@ in the stage-one precision.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -18,6 +19,7 @@ from ...host import tuning
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ..specialize import specialize
+from ..math.arith import native_compute
 from ...host import host_blocks, host_empty
 
 
@@ -273,22 +275,66 @@ class LayerNormalization(KernelBase):
         inv_t = self.from_compute(inv, stype) if self.wants_output(2) else None
         return self.Result(out, mean_t, inv_t)
 
+    def array_function(self, inputs, attrs):
+        """Y alone, where the row path applies to X, Scale and B of one float type."""
+        if len(inputs) not in (2, 3):
+            return None
+        return _rows_array_function(self, inputs, attrs, center=True)
+
 
 def _prod(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    return math.prod(int(d) for d in shape)  # np.prod of a tuple costs ~10 us
+
+
+def _param_shape(shape, norm_shape):
+    """A parameter's shape without leading 1s when it varies only over the normalised
+    axes, else None."""
+    shape = list(shape)
+    while len(shape) > len(norm_shape) and shape[0] == 1:
+        shape.pop(0)
+    return tuple(shape) if len(shape) <= len(norm_shape) else None
+
+
+def _flat_array(xp, a, shape, norm_shape):
+    """A parameter array (of _param_shape ``shape``) as a flat (prod(norm_shape),) array."""
+    a = a.reshape(shape)
+    if shape == tuple(norm_shape):  # the usual case: nothing to broadcast
+        return a.reshape(-1)
+    return xp.ascontiguousarray(xp.broadcast_to(a, tuple(norm_shape))).reshape(-1)
 
 
 def _flat_param(kernel, t, norm_shape, dtype):
     """t (broadcastable to X) as a flat (prod(norm_shape),) array when it varies only
     over the normalised axes, else None."""
-    shape = list(t.shape)
-    while len(shape) > len(norm_shape) and shape[0] == 1:
-        shape.pop(0)
-    if len(shape) > len(norm_shape):
+    shape = _param_shape(t.shape, norm_shape)
+    if shape is None:
         return None
-    a = kernel.to_compute(t, dtype).reshape(shape)
-    xp = kernel.xp
-    return xp.ascontiguousarray(xp.broadcast_to(a, tuple(norm_shape))).reshape(-1)
+    return _flat_array(kernel.xp, kernel.to_compute(t, dtype), shape, norm_shape)
+
+
+def _rows_array_function(kernel, inputs, attrs, center: bool):
+    """The array function of LayerNormalization (center) and RMSNormalization: where the
+    kernel takes the row path with every input of X's type (float or double, stage one
+    in that type too), _normalize_rows with the axis, epsilon and parameter shapes fixed."""
+    x = inputs[0]
+    if (not native_compute(inputs) or x.data_type not in (DataType.FLOAT, DataType.DOUBLE) or x.ndim < 1
+            or any(t.data_type != x.data_type for t in inputs)):
+        return None
+    ax = _axis(kernel, int(attrs.get("axis", -1)), x.ndim, X=x)
+    sdt, _ = _stash_dtype(kernel, attrs.get("stash_type", 1), X=x)
+    norm = tuple(x.shape[ax:])
+    shapes = [_param_shape(t.shape, norm) for t in inputs[1:]]
+    if sdt != x.array.dtype or None in shapes:
+        return None
+    width, eps, xp = _prod(norm), float(attrs.get("epsilon", 1e-5)), kernel.xp
+
+    def normalize(a, scale, bias=None):
+        b_flat = None if bias is None else _flat_array(xp, bias, shapes[1], norm)
+        y, _, _ = _normalize_rows(kernel, a.reshape(-1, width), eps, _flat_array(xp, scale, shapes[0], norm),
+                                  b_flat, center)
+        return y.reshape(a.shape)
+
+    return normalize
 
 
 def _rows_fast_path(kernel, sdt, cdt, norm_shape, s, b):
@@ -381,7 +427,10 @@ def _normalize_rows_host(x2, eps, s_flat, b_flat, center):
         if b_flat is not None:
             np.add(yb, b_flat, out=yb)
 
-    host_blocks(R, step, block)  # independent row blocks, handed out to the host threads
+    if R <= step:  # one block: no hand-out (its bookkeeping costs more than small rows)
+        block(0, R)
+    else:  # independent row blocks, handed out to the host threads
+        host_blocks(R, step, block)
     return y, mean_all, inv_all
 
 
@@ -461,6 +510,12 @@ class RMSNormalization(KernelBase):
         normalized = xs / xp.sqrt(ms + sdt.type(epsilon))
         y = normalized.astype(cdt, copy=False) * self.to_compute(s, cdt)
         return self.from_compute(y, x.data_type)
+
+    def array_function(self, inputs, attrs):
+        """Where the row path applies to X and scale of one float type."""
+        if len(inputs) != 2:
+            return None
+        return _rows_array_function(self, inputs, attrs, center=False)
 
 
 @register()

@@ -48,6 +48,23 @@ class Reshape(KernelBase):
         out = self.output_shape(x, dims, bool(allowzero), shape=s)
         return Tensor.wrap(x.array.reshape(out), x.data_type)
 
+    def array_function(self, inputs, attrs):
+        """Opset 5+: data.reshape(out) for the shape values of the recorded call.  The
+        output's shape depends on those values, not only on the input's shape: other
+        values raise, so that the runtime redoes the node through the kernel."""
+        if self.since_version < 5 or len(inputs) != 2 or not all(t.__class__ is Tensor for t in inputs):
+            return None
+        x, s = inputs
+        dims = host_ints(self, s, "shape")
+        out = self.output_shape(x, dims, bool(attrs.get("allowzero", 0)), shape=s)
+
+        def reshape(data, shape):
+            if shape.tolist() != dims:
+                raise ValueError(f"Reshape: shape {shape.tolist()} is not the compiled {dims}")
+            return data.reshape(out)
+
+        return reshape
+
     def output_shape(self, x: Tensor, dims: list[int], allowzero: bool, **inputs) -> tuple:
         if allowzero and 0 in dims and -1 in dims:
             raise self.error(f"shape {dims} has both 0 and -1 with allowzero=1", data=x, **inputs)
@@ -229,20 +246,31 @@ class Transpose(KernelBase):
     def __call__(self, data, perm=None, out=None):
         x = self.tensor(data, "data")
         self.check_inputs(x)
-        r = x.ndim
-        if perm is None:
-            p = list(range(r))[::-1]
-        else:
-            p = [int(v) for v in perm]
-            q = [v + r if v < 0 else v for v in p]
-            if len(p) != r or sorted(q) != list(range(r)):
-                raise self.error(f"perm {p} is not a permutation of {r} axes", data=x)
-            p = q
+        p = self._perm(x, perm)
         xp = xp_for(self, x)
         view = x.array.transpose(p)
         if out is not None:
             return deliver(self, Tensor.wrap(view, x.data_type), out)
         return Tensor.wrap(permuted_copy(self, xp, view), x.data_type)
+
+    def _perm(self, x: Tensor, perm) -> list[int]:
+        """The checked permutation, negative axes resolved (default: reversed axes)."""
+        r = x.ndim
+        if perm is None:
+            return list(range(r))[::-1]
+        p = [int(v) for v in perm]
+        q = [v + r if v < 0 else v for v in p]
+        if len(p) != r or sorted(q) != list(range(r)):
+            raise self.error(f"perm {p} is not a permutation of {r} axes", data=x)
+        return q
+
+    def array_function(self, inputs, attrs):
+        """Non-string data: the permuted copy with the permutation resolved."""
+        if len(inputs) != 1 or inputs[0].__class__ is not Tensor or inputs[0].data_type == DataType.STRING:
+            return None
+        p = self._perm(inputs[0], attrs.get("perm"))
+        kernel, xp = self, xp_for(self, inputs[0])
+        return lambda data: permuted_copy(kernel, xp, data.transpose(p))
 
 
 @register()
@@ -281,6 +309,15 @@ class Concat(KernelBase):
             xp.concatenate(arrays, axis=ax, out=target)
             return out if isinstance(out, Tensor) else Tensor.wrap(target, ts[0].data_type)
         return Tensor.wrap(xp.concatenate(arrays, axis=ax), ts[0].data_type)
+
+    def array_function(self, inputs, attrs):
+        """Non-string inputs (opset 4+: axis given): xp.concatenate along the resolved axis."""
+        if (not inputs or "axis" not in attrs or any(t.__class__ is not Tensor for t in inputs)
+                or inputs[0].data_type == DataType.STRING or inputs[0].ndim == 0):
+            return None
+        ax = norm_axis(self, attrs["axis"], inputs[0].ndim)
+        xp = xp_for(self, inputs[0])
+        return lambda *arrays: xp.concatenate(arrays, axis=ax)
 
 
 @register()
