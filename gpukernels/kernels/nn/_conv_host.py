@@ -242,6 +242,16 @@ def use_channels_last_taps(N, C, m, T, Ho, Wc) -> bool:
     return m == 1 and 2 * T * (1 + N * Ho * Wc * C / 2000) < N * C
 
 
+def _window_extent(kernel_hw, strides, dilations, O):
+    """(Hp, Wp, Wc) of a 2-D depthwise pass: the padded rows and columns the output windows
+    span, and the columns per window row -- Wp (wide rows, cropped at the end) when the
+    column stride is 1, else the exact Wo outputs."""
+    (kh, kw), (sh, sw), (dh, dw), (Ho, Wo) = kernel_hw, strides, dilations, O
+    Hp = (Ho - 1) * sh + (kh - 1) * dh + 1
+    Wp = (Wo - 1) * sw + (kw - 1) * dw + 1
+    return Hp, Wp, (Wp if sw == 1 else Wo)
+
+
 def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O):
     """Depthwise 2-D convolution (multiplier 1) with the channels last: the input is
     copied once, transposed, into a zero-bordered (N, Hp + 1, Wp, C) scratch; tap (i, j)
@@ -256,9 +266,7 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O):
     dh, dw = dilations
     ph, pw = pads[0], pads[1]
     Ho, Wo = O
-    Hp = (Ho - 1) * sh + (kh - 1) * dh + 1
-    Wp = (Wo - 1) * sw + (kw - 1) * dw + 1
-    Wc = Wp if sw == 1 else Wo
+    Hp, Wp, Wc = _window_extent((kh, kw), strides, dilations, O)
     dtype = x.dtype
     item = dtype.itemsize
     rows, cols = max(0, min(Hp, ph + H) - ph), max(0, min(Wp, pw + W) - pw)
@@ -309,9 +317,7 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O):
     dh, dw = dilations
     ph, pw = pads[0], pads[1]
     Ho, Wo = O
-    Hp = (Ho - 1) * sh + (kh - 1) * dh + 1
-    Wp = (Wo - 1) * sw + (kw - 1) * dw + 1
-    Wc = Wp if sw == 1 else Wo  # columns per window row: wide rows, or the exact outputs
+    Hp, Wp, Wc = _window_extent((kh, kw), strides, dilations, O)
     L = Ho * Wc
     dtype = x.dtype
     item = dtype.itemsize

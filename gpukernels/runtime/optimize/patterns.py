@@ -219,14 +219,20 @@ def _square_of(view: View, name: str, x: str):
     return None
 
 
+def _fuse_each(view: View, op_types: tuple, attempt) -> int:
+    """attempt(view, node) on every default-domain node of op_types with two inputs that no
+    earlier match claimed (the node that ends a pattern); then commit what matched."""
+    for p in list(view.plan.nodes):
+        if p.op_type in op_types and p.domain == "" and id(p) not in view.claimed and _two(p):
+            attempt(view, p)
+    return view.commit()
+
+
 # ------------------------------------------------------------------ LayerNorm
 
 
 def fuse_layernorm(view: View) -> int:
-    for p in list(view.plan.nodes):
-        if p.op_type in ("Div", "Mul") and p.domain == "" and id(p) not in view.claimed:
-            _try_layernorm(view, p)
-    return view.commit()
+    return _fuse_each(view, ("Div", "Mul"), _try_layernorm)
 
 
 def _try_layernorm(view: View, n) -> bool:
@@ -296,10 +302,7 @@ def _try_layernorm(view: View, n) -> bool:
 
 
 def fuse_rmsnorm(view: View) -> int:
-    for p in list(view.plan.nodes):
-        if p.op_type in ("Div", "Mul") and p.domain == "" and id(p) not in view.claimed:
-            _try_rmsnorm(view, p)
-    return view.commit()
+    return _fuse_each(view, ("Div", "Mul"), _try_rmsnorm)
 
 
 def _try_rmsnorm(view: View, n) -> bool:
@@ -358,10 +361,7 @@ def _try_rmsnorm(view: View, n) -> bool:
 
 
 def fuse_gelu(view: View) -> int:
-    for p in list(view.plan.nodes):
-        if p.op_type == "Mul" and p.domain == "" and id(p) not in view.claimed and _two(p):
-            _try_gelu(view, p)
-    return view.commit()
+    return _fuse_each(view, ("Mul",), _try_gelu)
 
 
 def _try_gelu(view: View, root) -> bool:
@@ -456,10 +456,7 @@ def _gelu_core(view: View, t: str, x: str):
 
 
 def fuse_silu(view: View) -> int:
-    for p in list(view.plan.nodes):
-        if p.op_type == "Mul" and p.domain == "" and id(p) not in view.claimed and _two(p):
-            _try_silu(view, p)
-    return view.commit()
+    return _fuse_each(view, ("Mul",), _try_silu)
 
 
 def _try_silu(view: View, root) -> bool:
@@ -497,10 +494,7 @@ def _try_silu(view: View, root) -> bool:
 
 
 def fuse_attention(view: View) -> int:
-    for p in list(view.plan.nodes):
-        if p.op_type == "MatMul" and p.domain == "" and id(p) not in view.claimed and _two(p):
-            _try_attention(view, p)
-    return view.commit()
+    return _fuse_each(view, ("MatMul",), _try_attention)
 
 
 def _scaled(view: View, name: str, ref: str):
