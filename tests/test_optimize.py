@@ -137,7 +137,7 @@ def test_option_values_and_defaults():
         Session(m, options={"optimize": ["shapes", "fuse_everything"]})
     with pytest.raises(OptionError, match="optimize"):
         Session(m, options={"optimize": 3})
-    assert set(PASSES) == {"shapes", "specialize", "conv_bn", "layernorm", "rmsnorm", "gelu", "silu",
+    assert set(PASSES) == {"shapes", "specialize", "conv_bn", "dequantized", "layernorm", "rmsnorm", "gelu", "silu",
                            "attention", "inplace"}
 
 

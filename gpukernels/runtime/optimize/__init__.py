@@ -24,6 +24,11 @@ Passes (option ``optimize``: True = every pass but ``inplace``, the default; Fal
     Conv followed by an inference BatchNormalization: the normalisation is folded into
     the Conv's weights and bias (computed in float64, rounded once); per-channel Mul/Add
     after a BatchNormalization or a Conv folded into it likewise; see :mod:`.conv_bn`.
+``dequantized``
+    Conv/ConvTranspose/Gemm/MatMul whose operands are DequantizeLinear outputs (QDQ
+    models) computed with exact integer sums, scaled and biased the same way on every
+    device, so that the QuantizeLinear after them gives the same integers on a CPU and a
+    GPU; see :mod:`.dequantized`.
 ``layernorm`` ``rmsnorm`` ``gelu`` ``silu`` ``attention``
     The exporters' spelled-out forms mapped onto one kernel each: LayerNormalization,
     RMSNormalization, Gelu (erf and tanh forms), Swish (SiLU and x*sigmoid(a*x)),
@@ -49,7 +54,8 @@ from ...errors import OptionError
 from ...tensor import Tensor
 from ..graph import install_optimizer
 
-PASSES = ("shapes", "specialize", "conv_bn", "layernorm", "rmsnorm", "gelu", "silu", "attention", "inplace")
+PASSES = ("shapes", "specialize", "conv_bn", "dequantized", "layernorm", "rmsnorm", "gelu", "silu", "attention",
+          "inplace")
 # the passes optimize=True (and the default) runs: 'inplace' measured no faster on the
 # host and hides operators from per-operator profiles, so it is asked for by name
 DEFAULT_PASSES = tuple(p for p in PASSES if p != "inplace")
@@ -123,6 +129,11 @@ def optimize_graph(plan, input_types: dict | None = None) -> None:
         from .conv_bn import fold_conv_bn
 
         _count(plan, "conv_bn", fold_conv_bn(plan, info))
+    if "dequantized" in passes and "DequantizeLinear" in present and present & {"Conv", "ConvTranspose",
+                                                                                  "Gemm", "MatMul"}:
+        from .dequantized import fuse_dequantized
+
+        _count(plan, "dequantized", fuse_dequantized(View(plan, info)))
     if any(p in passes for p in PATTERN_PASSES):
         from . import patterns
 
