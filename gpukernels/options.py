@@ -43,6 +43,12 @@ def _positive_int(value):
     return "a positive integer"
 
 
+def _non_negative_int(value):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0:
+        return None
+    return "a non-negative integer"
+
+
 def _integer(value):
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return None
@@ -78,9 +84,14 @@ class Options:
         "graph optimisations when a graph is prepared -- 'shapes' (Shape/Size of static shapes "
         "folded), 'specialize' (a Session prepares graphs with symbolic input dimensions once more "
         "per input signature), 'conv_bn' (BatchNormalization folded into Conv weights), "
+        "'dequantized' (Conv/Gemm/MatMul of DequantizeLinear outputs summed exactly), "
         "'layernorm', 'rmsnorm', 'gelu', 'silu', 'attention' (exporters' spelled-out forms mapped "
         "onto one kernel); 'inplace' (elementwise steps after Conv/Gemm/MatMul written into the "
         "producer's output) only when named or 'all'; see gpukernels.runtime.optimize")
+    max_loop_iterations: Any = _option(
+        UNSET, "int (default 1,000,000; 0: no limit): the most iterations one Loop may run, so that "
+        "a loop whose condition never turns false ends with an error instead of running forever",
+        _non_negative_int)
     compile_bodies: bool = _option(True, "True (default): compile Loop/Scan bodies for their input signature",
                                    _flag)
     attention_block_bytes: Any = _option(UNSET, "int: host Attention working-block size (tuning)",

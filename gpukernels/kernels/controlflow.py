@@ -22,6 +22,10 @@ Return values: the single output itself when the operator has exactly one output
 tuple otherwise.  Loop-carried values stay where the body leaves them (on the GPU in a
 cuda context); scan outputs are collected per iteration and stacked once at the end.
 Values are never modified in place.
+
+A Loop runs at most ``max_loop_iterations`` iterations (option; default
+DEFAULT_MAX_LOOP_ITERATIONS, 0: no limit), whatever its trip count, and raises a
+ResourceLimitError naming the option when it would run more.
 """
 
 from __future__ import annotations
@@ -29,11 +33,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import DataType
+from ..errors import ResourceLimitError
 from ..tensor import Optional, Sequence, Tensor
 from .base import describe, register
 from .sequence import prepare_body
 from ._controlflow_common import (_UNSET, _Body, _Column, _ControlFlowBase, _declared_from, _Held, _loop_inputs,
                                   _pack, _truth)
+
+# the most iterations one Loop runs unless the option max_loop_iterations says otherwise:
+# far above the loops of real models (decoding steps, per-class NMS, ...), yet a loop
+# whose condition never turns false ends in seconds with an error instead of never
+DEFAULT_MAX_LOOP_ITERATIONS = 1_000_000
 
 
 @register()
@@ -191,6 +201,20 @@ class Loop(_ControlFlowBase):
             raise self.error("'M' must hold exactly one element (a scalar)", M=t)
         return int(np.asarray(t.numpy()).reshape(-1)[0])
 
+    def _iteration_limit(self):
+        """The option max_loop_iterations (None: no limit)."""
+        limit = self.ctx.settings.max_loop_iterations
+        limit = DEFAULT_MAX_LOOP_ITERATIONS if limit is None else int(limit)
+        return limit or None
+
+    def _over_limit(self, limit: int, trip):
+        given = "no trip count M" if trip is None else f"the trip count M = {trip:,}"
+        return ResourceLimitError(
+            f"Loop: stopped after {limit:,} iterations ({given}, and the condition still true): the "
+            f"option max_loop_iterations caps how many iterations one Loop may run (default "
+            f"{DEFAULT_MAX_LOOP_ITERATIONS:,}); raise it, e.g. Session(model, options="
+            f"{{'max_loop_iterations': {limit * 10}}}), or 0 for no limit, if the model needs more")
+
     def _run(self, M, cond, initial_values, step, n, scan_types=None, wrap=None, in_types=None,
              pass_iteration=True, check_states=True, body=None, cond_passthrough=False):
         """The loop: step(it, cond, state) -> outputs runs one iteration, or, for a graph
@@ -217,7 +241,11 @@ class Loop(_ControlFlowBase):
         scans = None
         i = 0
         compiled = body is not None and wrap is None
+        limit = self._iteration_limit()
+        stop = trip if limit is None else limit if trip is None else min(trip, limit)
         while keep_going and (trip is None or i < trip):
+            if limit is not None and i >= limit:
+                raise self._over_limit(limit, trip)
             it = self.result(xp.asarray(np.int64(i)), DataType.INT64) if pass_iteration else dummy_iter
             fed = state if wrap is None else [self._wrap_optional(v, tp) if w else v
                                               for v, w, tp in zip(state, wrap, in_types)]
@@ -231,7 +259,7 @@ class Loop(_ControlFlowBase):
                 else:
                     if scans is None:
                         scans = [_Column() for _ in range(len(prog.out_sig) - 1 - n)]
-                    i, keep_going, cond_t, state, outs = self._fast(prog, i, trip, it, cond_t, state,
+                    i, keep_going, cond_t, state, outs = self._fast(prog, i, stop, it, cond_t, state,
                                                                    scans, n, pass_iteration, held)
                     if outs is None:
                         continue

@@ -609,3 +609,45 @@ def test_scan_with_outer_scope_and_no_state(device, rng):
     w = rng.random(3).astype(np.float32)
     (y,) = Session(m, device=device).run(None, {"x": x, "w": w})
     np.testing.assert_allclose(y, (x.astype(np.float64) * w[:, None])[:, ::-1], rtol=1e-6)
+
+
+def _endless_loop_model():
+    """A Loop whose body passes its condition through: with cond true and no trip count
+    it never ends by itself."""
+    body = oh.make_graph([oh.make_node("Identity", ["c_in"], ["c_out"]),
+                          oh.make_node("Add", ["v_in", "one"], ["v_out"])], "body",
+                         [vi("i", TP.INT64, []), vi("c_in", TP.BOOL, []), vi("v_in", TP.INT64, [])],
+                         [vi("c_out", TP.BOOL, []), vi("v_out", TP.INT64, [])],
+                         [numpy_helper.from_array(np.array(1, np.int64), "one")])
+    graph = oh.make_graph([oh.make_node("Loop", ["M", "c", "v0"], ["v"], body=body)], "g",
+                          [vi("M", TP.INT64, []), vi("c", TP.BOOL, []), vi("v0", TP.INT64, [])],
+                          [vi("v", TP.INT64, [])])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("compile_bodies", [True, False])
+def test_loop_iteration_limit(device, compile_bodies):
+    """max_loop_iterations caps every Loop (default 1,000,000), on the compiled body and the
+    general path; a trip count at the cap still runs; the error names the option."""
+    from gpukernels.errors import NodeError, ResourceLimitError
+    from gpukernels.kernels.controlflow import DEFAULT_MAX_LOOP_ITERATIONS
+    from gpukernels.runtime import Session
+
+    model = _endless_loop_model()
+    feeds = {"c": np.array(True), "v0": np.array(5, np.int64)}
+    options = {"max_loop_iterations": 40, "compile_bodies": compile_bodies}
+    (v,) = Session(model, device=device, options=options).run(None, dict(feeds, M=np.array(40, np.int64)))
+    assert int(v) == 45
+    for m in (41, 2 ** 62):
+        with pytest.raises(NodeError, match=r"Loop: stopped after 40 iterations.*max_loop_iterations") as info:
+            Session(model, device=device, options=options).run(None, dict(feeds, M=np.array(m, np.int64)))
+        assert isinstance(info.value.__cause__, ResourceLimitError)
+    # no trip count at all: the same
+    k = Loop(KernelContext(device, options={"max_loop_iterations": 7}))
+    with pytest.raises(ResourceLimitError, match="no trip count M"):
+        k.run_callback(None, np.array(True), [np.float32(0)], body=lambda i, c, s: [c, s[0]])
+    # 0: no limit
+    (v,) = Session(model, device=device, options={"max_loop_iterations": 0}).run(
+        None, dict(feeds, M=np.array(50, np.int64)))
+    assert int(v) == 55
+    assert DEFAULT_MAX_LOOP_ITERATIONS == 1_000_000
