@@ -18,7 +18,8 @@ the way their numbers allow: with ``xi = xq - zx`` and ``wi = wq - zw`` (integer
 where the sum is exact: it runs through the operator's own kernel on ``xi`` and ``wi``
 held as float32 when every partial sum stays below 2**24 in magnitude (checked when the
 graph is prepared from the weights and the range of xq's type: then every addition is
-exact, in any order and with fused multiply-adds), else as float64 (exact below 2**53).
+exact, in any order and with fused multiply-adds, and every operand fits the 11
+significant bits of a GPU's TF32 tensor cores), else as float64 (exact below 2**53).
 The scaling and the bias add are elementwise and rounded the same way on every device:
 float32 ``acc * s + b`` with ``s = float32(float64(sx) * float64(sw[m]))`` after a
 float32 sum, float64 then one rounding to float32 after a float64 sum.  The result
@@ -63,6 +64,9 @@ FLOAT = int(DataType.FLOAT)
 _DYNAMIC_TYPES = {int(t) for t in (DataType.UINT8, DataType.INT8, DataType.UINT16, DataType.INT16)}
 _CONSTANT_TYPES = _DYNAMIC_TYPES | {int(DataType.UINT4), int(DataType.INT4)}
 _FLOAT32_EXACT = 1 << 24  # every integer of magnitude up to 2**24 is a float32
+# operands of larger magnitude would not survive a GPU's TF32 tensor cores (11 significant
+# bits) when the option allow_tf32 lets float32 products use them: float64 then
+_TF32_EXACT = 1 << 11
 
 
 def fuse_dequantized(view: View) -> int:
@@ -213,7 +217,8 @@ def _try(view: View, p, folded) -> bool:
 def _replace(view: View, p, dynamic, weight, scale, bias, bound, attrs) -> bool:
     plan = view.plan
     out = p.outputs[0]
-    wide = bound is not None and bound >= _FLOAT32_EXACT
+    wide = bound is not None and (bound >= _FLOAT32_EXACT or dynamic[0].magnitude > _TF32_EXACT
+                                  or (weight is not None and int(np.abs(weight[0]).max(initial=0)) > _TF32_EXACT))
     acc = np.float64 if wide else np.float32
     constants = {}
     if weight is not None:
@@ -331,7 +336,7 @@ class DequantizedProduct(KernelBase):
         if self.scales is None:  # both operands dynamic: the inner dimension decides
             a, b = self.dynamic
             k = quantized[0].array.shape[-1] if quantized[0].array.ndim else 1
-            if a.magnitude * b.magnitude * k >= _FLOAT32_EXACT:
+            if a.magnitude * b.magnitude * k >= _FLOAT32_EXACT or max(a.magnitude, b.magnitude) > _TF32_EXACT:
                 acc = np.dtype(np.float64)
         operands = [Tensor.wrap(self._integers(q, d, acc), int(DataType.FLOAT if acc == np.float32
                                                                   else DataType.DOUBLE))
