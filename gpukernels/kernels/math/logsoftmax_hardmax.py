@@ -15,34 +15,31 @@ from ..base import register
 from ..specialize import specialize
 from ...host import host_empty
 from ...host import tuning
-from .softmax import RowwiseKernel, host_row_blocks, row_ones, row_sums
+from .softmax import RowwiseKernel, _inner, host_row_blocks, row_ones, row_sums
 
 
-def _log_softmax_rows_host(x2):
-    """LogSoftmax along the rows of a 2-D host float array: row blocks that stay in cache
-    (the same steps as the general form), over the host threads, into a reusable buffer."""
-    R, n = x2.shape
-    out = host_empty((R, n), x2.dtype)
-    ones = row_ones(n, x2.dtype)
-
-    def block(a, b):
-        xb, ob = x2[a:b], out[a:b]
-        np.subtract(xb, np.maximum.reduce(xb, axis=1, keepdims=True), out=ob)
-        lse = row_sums(np.exp(ob), ones)
-        np.log(lse, out=lse)
-        np.subtract(ob, lse[:, None], out=ob)
-
-    host_row_blocks(R, n, block)
-    return out
+def log_softmax_rows(xp, xb, ob, ones) -> None:
+    """LogSoftmax of each row of xb (R, n) into ob: x - max - log(sum(exp(x - max))), the
+    row sums through ``row_sums`` (BLAS dots with ones).  The reference for slices along
+    the last axis on both devices; the host runs it on blocks of rows (the same values)."""
+    xp.subtract(xb, xp.max(xb, axis=1, keepdims=True), out=ob)
+    lse = row_sums(xp, xp.exp(ob), ones)
+    xp.log(lse, out=lse)
+    xp.subtract(ob, lse[:, None], out=ob)
 
 
 @specialize("LogSoftmax.along", device="cpu", ops=("LogSoftmax",),
-            when=lambda x, axis: (x.dtype.kind == "f" and x.ndim == axis + 1
-                                  and x.size >= tuning.value("softmax.host_block_elems")),
-            agreement="rtol 1e-6 (float32): row sums as dot products with ones")
+            when=lambda x, axis: (x.dtype.kind == "f" and _inner(x, axis) == 1
+                                  and x.size >= tuning.value("softmax.host_block_elems")))
 def _log_softmax_last_axis_host(x, axis):
+    """log_softmax_rows on row blocks that stay in cache, over the host threads, into a
+    reusable buffer."""
     n = x.shape[axis]
-    return _log_softmax_rows_host(np.ascontiguousarray(x).reshape(-1, n)).reshape(x.shape)
+    x2 = np.ascontiguousarray(x).reshape(-1, n)
+    out = host_empty(x2.shape, x2.dtype)
+    ones = row_ones(np, n, x2.dtype)
+    host_row_blocks(x2.shape[0], n, lambda a, b: log_softmax_rows(np, x2[a:b], out[a:b], ones))
+    return out.reshape(x.shape)
 
 
 def log_softmax_along(kernel, x, axis: int):
@@ -51,6 +48,11 @@ def log_softmax_along(kernel, x, axis: int):
         if fast is not None:
             return fast(x, axis)
         xp = kernel.xp
+        if _inner(x, axis) == 1 and x.size:  # slices along the last axis: rows
+            n = x.shape[axis]
+            out = xp.empty(x.shape, dtype=x.dtype)
+            log_softmax_rows(xp, xp.ascontiguousarray(x).reshape(-1, n), out.reshape(-1, n), row_ones(xp, n, x.dtype))
+            return out
         m = xp.max(x, axis=axis, keepdims=True)
         s = x - m
         lse = xp.log(xp.sum(xp.exp(s), axis=axis, keepdims=True))

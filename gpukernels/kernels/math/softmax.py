@@ -3,24 +3,27 @@
 Opset 1-12: the input is coerced to 2-D at ``axis`` (default 1): dimensions before it
 form rows, the rest one row each, and softmax runs over each whole row.  Opset 13+:
 softmax runs along the single axis (default -1).  Computed in float32 for half types,
-with the row maximum subtracted (on the host, rows of the last axis skip the shift where
-that is exact and safe: see _softmax_rows_block); a row of all -inf gives NaN, as exp/sum
-does.
+with the row maximum subtracted (slices along the last axis skip the shift where that is
+exact and safe: see softmax_rows); a row of all -inf gives NaN, as exp/sum does.
 
-This module also holds the row helpers of the row-wise host kernels (Softmax, LogSoftmax,
-LayerNormalization): ``host_row_blocks``, ``row_sums``.
+Host specialisations compute the same operations in the same order as the reference, so
+that on the host they are bitwise equal to it (and to the CuPy simulation, which runs the
+reference on NumPy): they differ only in blocking over rows, threads and buffer reuse.
+
+This module also holds the row helpers of the row-wise kernels (Softmax, LogSoftmax,
+LayerNormalization), used by the reference and the host blocks alike: ``host_row_blocks``,
+``row_sums``, ``row_dots``, ``row_ones``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import threading
 
 import numpy as np
 
 from ...host import tuning
-from ...host import host_blocks, host_empty, parallel_ranges
+from ...host import host_blocks, host_empty
 from ..base import KernelBase, register
 from ..specialize import specialize
 from .arith import native_compute
@@ -32,8 +35,11 @@ from .arith import native_compute
 # the input and output cross memory once; the row path takes blocks of about
 # softmax.row_block_elems elements (4 MiB of float32: each block costs a few NumPy calls
 # of fixed overhead).
-# Row sums as BLAS dot products with ones (2-3x faster than np.add.reduce in cache) up to
-# this row length, where their float32 accumulation stays within ~2 ulp; pairwise beyond.
+# Row sums and row dot products (row-wise kernels: Softmax, LogSoftmax,
+# LayerNormalization) are BLAS dot products (2-3x faster than np.add.reduce in cache) up
+# to this row length, where their float32 accumulation stays within ~2 ulp and the BLAS
+# never splits one row over its own threads; pairwise sums beyond.
+# The reference and the host blocks call the same helpers, so they agree bit for bit.
 _DOT_SUM_MAX = 1 << 13
 
 
@@ -44,46 +50,67 @@ def _softmax_into(xp, x, out, axis):
     out /= xp.sum(out, axis=axis, keepdims=True)
 
 
-def row_sums(a, ones):
-    """Sums of the rows of a 2-D host block; ones is ``row_ones(a.shape[1], a.dtype)``."""
-    return np.add.reduce(a, axis=1) if ones is None else np.vecdot(a, ones)
+def _dots(xp, a, b):
+    """Per-row BLAS dot products of a (R, n) with b (R, n), or with one row b (n,).
+
+    NumPy: np.vecdot (the fastest call).  A namespace without vecdot (CuPy 14) runs
+    matmul of (R, 1, n) by (n, 1) or (R, n, 1): on NumPy that reaches the same dot, once
+    per row (tests/test_paths.py checks it bit for bit); on CuPy a batched GEMM."""
+    vecdot = getattr(xp, "vecdot", None)
+    if vecdot is not None:
+        return vecdot(a, b)
+    return xp.matmul(a[:, None, :], b[:, None] if b.ndim == 1 else b[:, :, None]).reshape(-1)
 
 
-def row_ones(n: int, dtype):
+def row_sums(xp, a, ones):
+    """Sums of the rows of a 2-D array; ones is ``row_ones(xp, a.shape[1], a.dtype)``."""
+    return xp.sum(a, axis=1) if ones is None else _dots(xp, a, ones)
+
+
+def row_ones(xp, n: int, dtype):
     """A vector of n ones for ``row_sums`` (None where pairwise summation is used)."""
-    return np.ones(n, dtype) if 0 < n <= _DOT_SUM_MAX and hasattr(np, "vecdot") else None
+    return xp.ones(n, dtype) if 0 < n <= _DOT_SUM_MAX else None
 
 
-def _softmax_rows_block(xb, ob, ones, shifted: bool) -> bool:
-    """Softmax of each row of xb into ob (host, a block that fits in cache); returns
-    whether the next block should start in the shifted form.
+def row_dots(xp, a, b):
+    """Per-row dot products of two 2-D arrays of one shape: BLAS dots up to _DOT_SUM_MAX
+    columns, pairwise sums of the products beyond (not einsum: on NumPy its sums of one
+    row differ from those of several rows, so row blocks would change the bits)."""
+    return _dots(xp, a, b) if 0 < a.shape[1] <= _DOT_SUM_MAX else xp.sum(a * b, axis=1)
 
-    Unshifted form: exp(x) / sum(exp(x)) wherever that is safe, i.e. when the row's sum s
-    lies in [1, 2^100]: no exp overflowed, every output that is a normal float came from a
-    normal (full precision) exp(x), and 1/s is normal too.  It saves two passes and is at least
-    as exact (x - max is itself rounded).  Other rows (large or all-negative values, inf, NaN)
-    are redone in the shifted form, exp(x - max); blocks where most rows needed that start
-    shifted, until a block's maxima are all in [0, 60] again."""
-    if shifted:
-        m = np.maximum.reduce(xb, axis=1, keepdims=True)
-        np.subtract(xb, m, out=ob)
-        np.exp(ob, out=ob)
-        s = row_sums(ob, ones)
-        again = not (np.minimum.reduce(m, axis=None) >= 0 and np.maximum.reduce(m, axis=None) <= 60)
-    else:
-        np.exp(xb, out=ob)
-        s = row_sums(ob, ones)
-        again = False
-        if not (np.minimum.reduce(s) >= 1 and np.maximum.reduce(s) <= 2.0 ** 100):  # NaN fails too
-            redo = np.flatnonzero(~((s >= 1) & (s <= 2.0 ** 100)))
-            xr = xb[redo]
-            er = np.exp(xr - np.maximum.reduce(xr, axis=1, keepdims=True))
-            s[redo] = row_sums(er, ones)
-            ob[redo] = er
-            again = 2 * redo.size > s.size
-    np.divide(1, s, out=s)
-    np.multiply(ob, s[:, None], out=ob)
-    return again
+
+def softmax_rows(xp, xb, ob, ones, wait: bool = False) -> None:
+    """Softmax of each row of xb (R, n) into ob: the reference for slices along the last
+    axis, on both devices (the host runs it on blocks of rows).  ones is
+    ``row_ones(xp, n, dtype)``.
+
+    Where the spec leaves the order open we chose: exp(x) / sum(exp(x)) without the max
+    shift wherever that is safe, i.e. when the row's sum s lies in [1, 2^100]: no exp
+    overflowed, every output that is a normal float came from a normal (full precision)
+    exp(x), and 1/s is normal too.  It is at least as exact (x - max is itself rounded).
+    Other rows (large or all-negative values, inf, NaN) take the shifted form exp(x -
+    max): a second pass exp(x - c) with c the row's max there and 0 elsewhere (x - 0 is x,
+    so the safe rows keep their values).  Then one reciprocal per row and a multiply.
+    Each row's value depends on that row alone, so blocks of rows give the same values.
+    wait (the host) reads the rows that need the shifted form back and redoes only those
+    (the same operations on the same values); a GPU never waits, it runs the second pass
+    over every row."""
+    xp.exp(xb, out=ob)
+    s = row_sums(xp, ob, ones)
+    redo = ~((s >= 1) & (s <= 2.0 ** 100))  # NaN is redone too
+    if not wait:
+        shift = xp.where(redo, xp.max(xb, axis=1), 0)
+        xp.subtract(xb, shift[:, None], out=ob)
+        xp.exp(ob, out=ob)
+        s = row_sums(xp, ob, ones)
+    elif bool(redo.any()):
+        rows = xp.flatnonzero(redo)
+        xr = xb[rows]
+        er = xp.exp(xr - xp.max(xr, axis=1, keepdims=True))
+        s[rows] = row_sums(xp, er, ones)
+        ob[rows] = er
+    xp.divide(1, s, out=s)
+    xp.multiply(ob, s[:, None], out=ob)
 
 
 def host_row_blocks(R: int, n: int, fn) -> None:
@@ -103,17 +130,20 @@ def _slice_step(x, axis: int) -> int:
 
 @specialize("Softmax.along", device="cpu", ops=("Softmax",),
             when=lambda x, axis: (_inner(x, axis) == 1 and x.dtype.kind == "f"
-                                  and x.size >= tuning.value("softmax.host_block_elems")),
-            agreement="rtol 1e-6 (float32): exp(x) / sum without the max shift where that is safe")
+                                  and x.size >= tuning.value("softmax.host_block_elems")))
 def _softmax_last_axis_host(x, axis):
-    """Softmax of rows along the last (non-trivial) axis: row blocks in cache over the host
-    threads (_softmax_rows_host)."""
+    """Softmax of rows along the last (non-trivial) axis: softmax_rows on row blocks in
+    cache over the host threads, into a reusable output buffer (the same values)."""
     n = x.shape[axis]
-    return _softmax_rows_host(np.ascontiguousarray(x).reshape(-1, n)).reshape(x.shape)
+    x2 = np.ascontiguousarray(x).reshape(-1, n)
+    out = host_empty(x2.shape, x2.dtype)
+    ones = row_ones(np, n, x2.dtype)
+    host_row_blocks(x2.shape[0], n, lambda a, b: softmax_rows(np, x2[a:b], out[a:b], ones, wait=True))
+    return out.reshape(x.shape)
 
 
 @specialize("Softmax.along", device="cpu", ops=("Softmax",),
-            when=lambda x, axis: math.prod(x.shape[:axis]) > _slice_step(x, axis))
+            when=lambda x, axis: _inner(x, axis) > 1 and math.prod(x.shape[:axis]) > _slice_step(x, axis))
 def _softmax_slices_host(x, axis):
     """The reference's steps on (outer, n, inner) blocks of whole slices, over the host
     threads, into a reusable buffer: the same reductions, in the same order."""
@@ -125,20 +155,6 @@ def _softmax_slices_host(x, axis):
     return out.reshape(x.shape)
 
 
-def _softmax_rows_host(x2):
-    """Softmax along the rows of a 2-D host float array, into a reusable output buffer."""
-    R, n = x2.shape
-    out = host_empty((R, n), x2.dtype)
-    ones = row_ones(n, x2.dtype)
-    mode = threading.local()  # per host thread: start the next block shifted?
-
-    def block(a, b):
-        mode.shifted = _softmax_rows_block(x2[a:b], out[a:b], ones, getattr(mode, "shifted", False))
-
-    host_row_blocks(R, n, block)
-    return out
-
-
 def softmax_along(kernel, x, axis: int):
     """Softmax of x along axis in x's dtype (no temporary the size of x)."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -147,7 +163,12 @@ def softmax_along(kernel, x, axis: int):
             return fast(x, axis)
         xp = kernel.xp
         out = xp.empty(x.shape, dtype=x.dtype)
-        _softmax_into(xp, x, out, axis)
+        n = x.shape[axis]
+        if _inner(x, axis) == 1 and x.size:  # slices along the last axis: rows
+            softmax_rows(xp, xp.ascontiguousarray(x).reshape(-1, n), out.reshape(-1, n), row_ones(xp, n, x.dtype),
+                         wait=not kernel.on_gpu)
+        else:
+            _softmax_into(xp, x, out, axis)
         return out
 
 

@@ -1,11 +1,12 @@
 """Ceil, Floor, Round, Sign, Reciprocal, Erf.
 
 Round rounds halves to even.  Reciprocal(0) is inf with the sign of the zero.  Sign
-of NaN is NaN.  Erf is scipy.special.erf / cupyx.scipy.special.erf (a few ulp); on the
-host, float32 arrays of 2048 elements or more take a rational approximation (4.2e-7
-relative; specialisation 'Erf.float32').  Opset-9 Erf also accepts integer tensors: the
-result is computed in float64 and converted like ONNX Cast (toward zero), so it is 0
-except where erf rounds to +-1 (|x| >= 6).
+of NaN is NaN.  Erf of float32 (and half types, computed in float32) arrays of 2048
+elements or more is a rational approximation on both devices (4.2e-7 relative:
+_mathcommon.erf); smaller arrays and float64 use scipy.special.erf /
+cupyx.scipy.special.erf (a few ulp).  Opset-9 Erf also accepts
+integer tensors: the result is computed in float64 and converted like ONNX Cast (toward
+zero), so it is 0 except where erf rounds to +-1 (|x| >= 6).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from ...tensor import Tensor
 from ..base import KernelBase, register
 from ..specialize import specialize
 from ..math.arith import native_compute
+from ..math.softmax import row_dots, row_ones, row_sums
 from ...host import host_blocks, host_empty
 
 
@@ -356,76 +357,63 @@ def _rows_fast_path(kernel, sdt, cdt, norm_shape, s, b):
 def _normalize_rows(kernel, x2, eps, s_flat, b_flat, center):
     """Row-wise normalisation of x2 (R, D): y = (x - mean) * invstd * s + b (center) or
     x * rsqrt(mean(x^2) + eps) * s.  Returns y (R, D), mean (R,) (None when not
-    centering) and the inverse (R,)."""
+    centering) and the inverse (R,).  The reference is _normalize_block on all rows."""
     fast = kernel.specialized("LayerNormalization.rows", x2)
     if fast is not None:
         return fast(x2, eps, s_flat, b_flat, center)
     xp = kernel.xp
-    R, D = x2.shape
-    dt = x2.dtype
-    y = xp.empty((R, D), dtype=dt)
-    inv_d = dt.type(1.0 / D) if D else dt.type(0)
-    mean = None
-    if center:  # every step works in place on the output (no temporaries)
-        mean = x2.sum(axis=1) * inv_d
-        xp.subtract(x2, mean[:, None], out=y)
-    else:
-        y[...] = x2
-    var = xp.einsum("ij,ij->i", y, y) * inv_d
-    inv = 1.0 / xp.sqrt(var + dt.type(eps))
-    xp.multiply(y, inv[:, None], out=y)
-    xp.multiply(y, s_flat, out=y)
-    if b_flat is not None:
-        xp.add(y, b_flat, out=y)
+    y = xp.empty(x2.shape, dtype=x2.dtype)
+    mean, inv = _normalize_block(xp, x2, y, eps, s_flat, b_flat, center, row_ones(xp, x2.shape[1], x2.dtype))
     return y, mean, inv
 
 
-@specialize("LayerNormalization.rows", device="cpu", ops=("LayerNormalization", "RMSNormalization"),
-            agreement="rtol 1e-5 (float32): row sums as BLAS dot products with ones")
+def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones):
+    """Normalise the rows of xb (R, D) into yb (xb may be yb); returns (mean or None, inv).
+
+    Every step works in place on the output (no temporaries).  The row sums and sums of
+    squares are BLAS dot products (``row_sums``/``row_dots``, pairwise beyond 8192
+    columns) on both devices: the host blocks run this same function, so they agree with
+    the reference bit for bit."""
+    D = xb.shape[1]
+    dt = xb.dtype
+    inv_d = dt.type(1.0 / D) if D else dt.type(0)
+    mean = None
+    if center:
+        mean = row_sums(xp, xb, ones) * inv_d
+        xp.subtract(xb, mean[:, None], out=yb)
+    elif yb is not xb:
+        yb[...] = xb
+    var = row_dots(xp, yb, yb) * inv_d
+    inv = 1.0 / xp.sqrt(var + dt.type(eps))
+    xp.multiply(yb, inv[:, None], out=yb)
+    xp.multiply(yb, s_flat, out=yb)
+    if b_flat is not None:
+        xp.add(yb, b_flat, out=yb)
+    return mean, inv
+
+
+@specialize("LayerNormalization.rows", device="cpu", ops=("LayerNormalization", "RMSNormalization"))
 def _normalize_rows_host(x2, eps, s_flat, b_flat, center):
-    """_normalize_rows on the host: blocks of rows that fit in cache, over the host
-    threads, into a reusable output buffer."""
+    """_normalize_rows on the host: _normalize_block over blocks of rows that fit in
+    cache, over the host threads, into a reusable output buffer (the same values)."""
     R, D = x2.shape
     dt = x2.dtype
     y = host_empty((R, D), dt)
     mean_all = np.empty((R,), dtype=dt) if center else None
     inv_all = np.empty((R,), dtype=dt)
     step = max(1, tuning.value("norm.host_row_block_bytes") // max(1, D * dt.itemsize))  # host/tuning.py
-    inv_d = dt.type(1.0 / D) if D else dt.type(0)
-    # per-row dot products (BLAS) are several times faster than sum/einsum; rows short
-    # enough that the BLAS never splits one over its own threads
-    if 0 < D <= (1 << 13) and hasattr(np, "vecdot"):
-        ones = np.ones(D, dt)
-
-        def row_sum(a):
-            return np.vecdot(a, ones)
-
-        row_dot = np.vecdot
-    else:
-        def row_sum(a):
-            return a.sum(axis=1)
-
-        def row_dot(a, b):
-            return np.einsum("ij,ij->i", a, b)
+    ones = row_ones(np, D, dt)
 
     def block(a, b):
-        xc = x2[a:b]
-        yb = y[a:b]  # every step works in place on the output block (no temporaries)
+        yb = y[a:b]
         # copying first reads x and brings the output lines in within one memory-bound
         # pass (measured ~18% faster than a read pass and a write pass); the statistics
         # are then the same sums of the same values
-        yb[...] = xc
+        yb[...] = x2[a:b]
+        m, iv = _normalize_block(np, yb, yb, eps, s_flat, b_flat, center, ones)
         if center:
-            m = row_sum(yb) * inv_d
-            np.subtract(yb, m[:, None], out=yb)
             mean_all[a:b] = m
-        var = row_dot(yb, yb) * inv_d
-        iv = 1.0 / np.sqrt(var + dt.type(eps))
         inv_all[a:b] = iv
-        np.multiply(yb, iv[:, None], out=yb)
-        np.multiply(yb, s_flat, out=yb)
-        if b_flat is not None:
-            np.add(yb, b_flat, out=yb)
 
     if R <= step:  # one block: no hand-out (its bookkeeping costs more than small rows)
         block(0, R)

@@ -3,11 +3,14 @@
 Resizing is separable: each resized axis gets an index map (nearest) or clamped tap
 indices with float64 weights (linear, cubic, antialiased), built on the host from the
 coordinate transformation and cached per axis geometry; the data is then gathered /
-interpolated one axis at a time, in the order that costs least.  On the host, finite real
-data is interpolated with BLAS: one matmul per block of 16 outputs against the input
-window the block reads (a dense band slice).  Otherwise (non-finite values, complex data,
-a GPU) it goes tap by tap (gather, scale, add), so a NaN or inf only reaches the outputs
-whose taps read it.  Both sum the same products; they differ only in rounding order.
+interpolated one axis at a time, in the order that costs least.  Real data is
+interpolated with BLAS where the band pays, on both devices: one matmul per block of 16
+outputs against the input window the block reads (a dense band slice); outputs whose band
+result is not finite take the tap-by-tap result (gather, scale, add), so a NaN or inf
+only reaches the outputs whose taps read it.  Complex data and bands that do not pay go
+tap by tap.  Both sum the same products; they differ only in rounding order, and the
+choice depends on shapes only, so the host and a GPU run the same operations
+(``interpolate``).
 
 Conventions (following the spec and the ONNX reference outputs):
 * The scale in the coordinate formulas is the given scale (scales input) or out/in (sizes
@@ -33,12 +36,10 @@ import math
 import numpy as np
 
 from ... import dtypes
-from ...dtypes import DataType
 from ...host import tuning
 from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
-from ..specialize import specialize
 from ._common import host_floats, host_ints, norm_axes, product, xp_for
 
 COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -173,6 +174,11 @@ class AxisTaps:
         return self._cast[key]
 
     @functools.cached_property
+    def abs_weight_sum(self) -> float:
+        """The largest sum of |weight| over the taps of one output (at least 1)."""
+        return max(1.0, float(np.abs(self.w).sum(axis=1).max(initial=0.0)))
+
+    @functools.cached_property
     def window(self) -> float:
         """Mean input window of a band block (the band's multiply-adds per output)."""
         _, lo, hi = self.spans
@@ -202,39 +208,50 @@ def _split(arr, axis: int):
     return product(arr.shape[:axis]), arr.shape[axis], product(arr.shape[axis + 1:])
 
 
-def apply_band(arr, axis: int, taps: AxisTaps, work):
-    """Interpolate a finite real host array along axis with one matmul per block of
-    outputs (its weight block against the input window it reads): BLAS does the
-    multiply-adds, writing straight into the strided output block."""
+def apply_band(xp, arr, axis: int, taps: AxisTaps, work):
+    """Interpolate a real array along axis with one matmul per block of outputs (its
+    weight block against the input window it reads): BLAS (cuBLAS on a GPU) does the
+    multiply-adds, writing straight into the strided output block.  A non-finite input
+    spreads to every output of its blocks whose window holds it (0 * inf is NaN)."""
     lead, n_in, trail = _split(arr, axis)
     blocks = taps.cast(work)[1]
     if trail == 1:
         src = arr.reshape(lead, n_in)
-        out = np.empty((lead, taps.n_out), dtype=arr.dtype)
+        out = xp.empty((lead, taps.n_out), dtype=arr.dtype)
         for o0, o1, a, b, _, mt in blocks:
-            np.matmul(src[:, a:b], mt, out=out[:, o0:o1])
+            xp.matmul(src[:, a:b], xp.asarray(mt), out=out[:, o0:o1])
     else:
         src = arr.reshape(lead, n_in, trail)
-        out = np.empty((lead, taps.n_out, trail), dtype=arr.dtype)
+        out = xp.empty((lead, taps.n_out, trail), dtype=arr.dtype)
         for o0, o1, a, b, m, _ in blocks:
-            np.matmul(m, src[:, a:b, :], out=out[:, o0:o1, :])
+            xp.matmul(xp.asarray(m), src[:, a:b, :], out=out[:, o0:o1, :])
     return out.reshape(arr.shape[:axis] + (taps.n_out,) + arr.shape[axis + 1:])
 
 
-@specialize("Resize.interpolate", device="cpu", ops=("Resize", "Upsample"),
-            when=lambda arr, plans, work: arr.dtype.kind == "f" and arr.size > 0,
-            agreement="rtol 1e-5 (float32): banded matmuls instead of tap-by-tap adds")
-def _interpolate_host(arr, plans, work):
-    """Every planned axis of a real host array: finite data through BLAS (banded
-    blocks) where that pays (resize.band_min_rows interpolated rows or more), else tap by
-    tap, in the order of least work."""
+def interpolate(xp, arr, plans: dict, work, wait: bool):
+    """Every planned axis of arr (the reference, both devices), in the order of least
+    work.  Real data through BLAS (banded blocks, ``apply_band``) where that pays (the
+    band's zeros cost little and resize.band_min_rows interpolated rows or more,
+    host/tuning.py), else tap by tap (``apply_taps``).
+
+    Where the spec leaves the arithmetic open we chose BLAS, which is fast on the host;
+    every step depends on the shapes only, so the host and a GPU run the same operations
+    (bit for bit on NumPy, as the CuPy simulation runs them).  A non-finite value stays
+    local: outputs whose band result is not finite take the tap result (only the taps'
+    own inputs reach it).  wait (the host) first checks whether any band output is
+    non-finite (``_band_stays_finite``, on the input) and skips the taps when none can
+    be; a GPU never waits: it always computes both and selects."""
     min_rows = tuning.value("resize.band_min_rows")
-    for a in axis_order(arr.shape, plans, True):
-        lead_trail = arr.size // max(arr.shape[a], 1)
-        if plans[a].band_pays and lead_trail >= min_rows and _finite(np, arr):
-            arr = apply_band(arr, a, plans[a], work)
-        else:
-            arr = apply_taps(np, arr, a, plans[a], work)
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite data: see above
+        for a in axis_order(arr.shape, plans, True):
+            lead_trail = arr.size // max(arr.shape[a], 1)
+            if arr.dtype.kind == "f" and plans[a].band_pays and lead_trail >= min_rows:
+                band = apply_band(xp, arr, a, plans[a], work)
+                if not (wait and _band_stays_finite(xp, arr, plans[a])):
+                    band = xp.where(xp.isfinite(band), band, apply_taps(xp, arr, a, plans[a], work))
+                arr = band
+            else:
+                arr = apply_taps(xp, arr, a, plans[a], work)
     return arr
 
 
@@ -256,9 +273,15 @@ def apply_taps(xp, arr, axis: int, taps: AxisTaps, work):
     return out.reshape(arr.shape[:axis] + (taps.n_out,) + arr.shape[axis + 1:])
 
 
-def _finite(xp, arr) -> bool:
-    """True when every value is finite (a sum that overflows says False: also safe)."""
-    return arr.size == 0 or bool(xp.isfinite(xp.sum(arr)))
+def _band_stays_finite(xp, arr, taps: AxisTaps) -> bool:
+    """True when no band output of arr can be non-finite: every input is finite and at
+    most max|float| / (2 * the largest sum of |weights| of an output), so that no
+    product or partial sum overflows (NaN fails the comparisons too).  Two reductions of
+    the input, read back (the host)."""
+    if arr.size == 0:
+        return True
+    bound = float(np.finfo(arr.dtype).max) / (2.0 * taps.abs_weight_sum)
+    return bool(xp.max(arr) <= bound) and bool(xp.min(arr) >= -bound)
 
 
 def axis_order(shape, plans: dict, band: bool) -> list:
@@ -321,14 +344,8 @@ class _ResizeCore(KernelBase):
                                  bool(antialias), float(cubic_coeff_a), bool(exclude_outside))
             if plans[a].extra is not None:
                 extra_masks.append((a, plans[a].extra))
-        # tap by tap (a GPU: a few gathers beat many small matmuls); on the host the
-        # specialisation "Resize.interpolate" sends finite real data through BLAS
-        fast = self.specialized("Resize.interpolate", arr, plans, work)
-        if fast is not None:
-            arr = fast(arr, plans, work)
-        else:
-            for a in axis_order(arr.shape, plans, False):
-                arr = apply_taps(xp, arr, a, plans[a], work)
+        if plans:
+            arr = interpolate(xp, arr, plans, work, wait=not self.on_gpu)
         if extra_masks:
             mask = None
             for a, e in extra_masks:

@@ -186,7 +186,7 @@ def test_resize_large_both_paths(device, rng, mode, antialias, exclude, coord, s
         n_out = sizes[axis - 1]
         t = R.axis_taps(coord, n_in, n_out, n_out / n_in, float(n_out), (0.0, 1.0), mode, bool(antialias),
                         -0.75, bool(exclude))
-        band = R.apply_band(x, axis, t, np.float64)
+        band = R.apply_band(np, x, axis, t, np.float64)
         taps = R.apply_taps(np, x, axis, t, np.float64)
         np.testing.assert_allclose(band, taps, rtol=1e-12, atol=1e-12)
     # the band is used where its zeros cost little: not for a strong downscale without antialias
