@@ -6,8 +6,8 @@ specialisation is a faster variant of one named step of the reference (a *site*,
 ``"Operator.step"``) for one device, with the condition under which it applies::
 
     @specialize("Softmax.along", device="cpu", ops=("Softmax",),
-                when=lambda x, axis: x.ndim == axis + 1 and x.size >= _HOST_BLOCK)
-    def _softmax_rows_host(x, axis):
+                when=lambda x, axis: _inner(x, axis) == 1 and x.size >= tuning.value(...))
+    def _softmax_last_axis_host(x, axis):
         ...
 
 The reference asks for it at that step, through the kernel (the base class decides, never
@@ -24,6 +24,16 @@ registered for ``site`` whose device is the kernel's device ("cpu" or "cuda") an
 A specialisation must agree with the reference step: ``agreement`` states how ("exact":
 the same values; otherwise the tolerance, checked by tests/test_paths.py, which runs every
 registered site through both paths).
+
+The rule for elementwise and row-wise float steps (normalisations, softmax, activations):
+"exact", to the bit.  The specialisation performs the reference's operations in the
+reference's order and differs only in how it splits rows or blocks, which threads run
+them and which buffers it reuses; where the faster algorithm is another formula (float32
+erf's rational form, Pow's products), that formula becomes the reference on both devices.
+A one-ulp difference before a quantizer becomes a different integer (DynamicQuantizeLinear:
+a different scale for the whole tensor), so quantized models agree across devices only if
+these steps do.  Products and convolutions (BLAS orders differ) state a tolerance; in
+quantized models the graph pass ``dequantized`` makes them exact instead.
 
 The option ``paths`` ('auto', the default, or 'reference') of a KernelContext or Session,
 else the environment variable ``GPUKERNELS_PATHS``, else 'auto', chooses.  'reference'
