@@ -1,7 +1,7 @@
 """Running an operator's CUDA launch code on the CPU emulator and comparing it with the
 array-namespace path of the same kernel class.
 
-    from emu_harness import check_op
+    from tests.gpu.emu_harness import check_op
     check_op(RotaryEmbedding, emu, (X, cos, sin, pos), dict(interleaved=1), tags=("rank4",))
 
 ``emulated(kernel_cls, backend)`` gives a CPU kernel instance whose ``cuda_path`` runs

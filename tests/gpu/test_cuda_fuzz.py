@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 
 import emulator
-from emu_harness import check_op
 from gpukernels.dtypes import DataType
 from gpukernels.kernels.nn.attention import Attention
 from gpukernels.kernels.nn.conv import Conv
 from gpukernels.kernels.nn.linear_attention import LinearAttention
 from gpukernels.kernels.nn.rotary import RotaryEmbedding
+from tests.gpu.emu_harness import check_op
 
 SEED = int(os.environ.get("GK_FUZZ_SEED", "20250611"))
 SCALE = max(1, int(os.environ.get("GK_FUZZ_CASES", "1")))

@@ -8,8 +8,6 @@ own validation and argument resolution (auto_pad, defaults) are exercised too.""
 
 from __future__ import annotations
 
-import itertools
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from gpukernels.gpu import conv as gpu_conv
 from gpukernels.gpu import parity
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.nn.conv import Conv
+from tests.reference.conv import conv
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
@@ -40,30 +39,6 @@ def emulated(emu):
     return kernel
 
 
-def reference(x, w, b, strides, pads, dilations, group):
-    """float64 convolution straight from the definition (loops over output positions)."""
-    x = x.astype(np.float64)
-    w = w.astype(np.float64)
-    n_sp = x.ndim - 2
-    N, C = x.shape[:2]
-    M, Cg = w.shape[:2]
-    K = w.shape[2:]
-    Mg = M // group
-    xp_ = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + n_sp]) for i in range(n_sp)])
-    O = [(xp_.shape[2 + i] - dilations[i] * (K[i] - 1) - 1) // strides[i] + 1 for i in range(n_sp)]
-    y = np.zeros((N, M) + tuple(O))
-    for o in itertools.product(*[range(n) for n in O]):
-        win = tuple(slice(o[i] * strides[i], o[i] * strides[i] + dilations[i] * (K[i] - 1) + 1, dilations[i])
-                    for i in range(n_sp))
-        for g in range(group):
-            patch = xp_[(slice(None), slice(g * Cg, (g + 1) * Cg)) + win]  # (N, Cg, *K)
-            wg = w[g * Mg:(g + 1) * Mg]  # (Mg, Cg, *K)
-            y[(slice(None), slice(g * Mg, (g + 1) * Mg)) + o] = patch.reshape(N, -1) @ wg.reshape(Mg, -1).T
-    if b is not None:
-        y += b.astype(np.float64).reshape((1, M) + (1,) * n_sp)
-    return y
-
-
 def check(emu, rng, dtype, xs, ws, *, group=1, bias=True, tags=(), expect_cuda=True, **attrs):
     t = DTYPES[dtype]
     x = rng.standard_normal(xs).astype(t)
@@ -83,8 +58,8 @@ def check(emu, rng, dtype, xs, ws, *, group=1, bias=True, tags=(), expect_cuda=T
     n_sp = len(xs) - 2
     pads = attrs.get("pads") or [0] * (2 * n_sp)
     if attrs.get("auto_pad", "NOTSET") == "NOTSET":
-        ref = reference(x, w, b, attrs.get("strides") or [1] * n_sp, pads, attrs.get("dilations") or [1] * n_sp,
-                        group)
+        ref = conv(x, w, b, strides=attrs.get("strides") or [1] * n_sp, pads=pads,
+                   dilations=attrs.get("dilations") or [1] * n_sp, group=group)
         msg = parity.compare(got.numpy(), ref, want.data_type, what="vs float64 reference")
         assert msg is None, f"{xs} {ws} {attrs} group={group}: {msg}"
     return got

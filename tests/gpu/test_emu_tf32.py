@@ -34,15 +34,15 @@ from __future__ import annotations
 import emulator
 import numpy as np
 import pytest
-from emu_harness import emulated
-from test_emu_attention import full_kv, make, to3d
-from test_emu_attention import reference as attention_reference
-from test_emu_conv import reference as conv_reference
 
 from gpukernels.gpu import launch
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.nn.attention import Attention
 from gpukernels.kernels.nn.conv import Conv
+from tests.gpu.emu_harness import emulated
+from tests.reference.attention import attention_4d as attention_reference
+from tests.reference.attention import full_kv, make_qkv, to3d
+from tests.reference.conv import conv
 
 U = 2.0 ** -11  # TF32 unit roundoff (10 explicit mantissa bits, round to nearest)
 ACC = 2.0 ** -22  # float32 accumulation, per term
@@ -109,7 +109,7 @@ def conv_case(emu, emu_tf32, rng, xs, ws, *, group=1, bias=True, **attrs):
     check_tf32_and_exact(exact.numpy(), got, ek, fk, "gk_conv_tc", "gk_conv_simt")
 
     def ref(xx, ww, bb):
-        return conv_reference(xx, ww, bb, strides, pads, dil, group)
+        return conv(xx, ww, bb, strides=strides, pads=pads, dilations=dil, group=group)
 
     babs = np.abs(b) if bias else None
     tol = (2 * U + U * U + (Kg + 2) * ACC) * ref(np.abs(x), np.abs(w), babs)
@@ -152,7 +152,7 @@ def test_conv_groups_3d(emu, emu_tf32, rng):
 # ---------------------------------------------------------------------- Attention
 def attention_case(emu, emu_tf32, rng, *, B=1, Hq=2, Hkv=1, Sq=5, Skv=40, D=16, Dv=None, P=0, rank=4,
                    mask=None, causal=0, nonpad=None, opset=None):
-    q, k, v, pk, pv = make(rng, "float32", B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Skv=Skv, D=D, Dv=Dv, P=P)
+    q, k, v, pk, pv = make_qkv(rng, np.float32, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Skv=Skv, D=D, Dv=Dv, P=P)
     inputs = {"Q": q, "K": k, "V": v, "past_key": pk, "past_value": pv, "attn_mask": mask, "nonpad_kv_seqlen": nonpad}
     attrs = {"is_causal": causal}
     if rank == 3:

@@ -9,12 +9,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from emu_harness import check_op
 from gpukernels.gpu import linear_attention as gpu_la
 from gpukernels.gpu import parity
 from gpukernels.host import tuning as table
 from gpukernels.kernels.nn.linear_attention import LinearAttention
-from gpukernels.tensor import Tensor
+from tests.gpu.emu_harness import check_op
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 # The kernels and the array path sum in different orders (and the chunked forms solve a

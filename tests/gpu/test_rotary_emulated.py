@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 import emulator
-from emu_harness import check_op, emulated
-from gpukernels.dtypes import DataType
 from gpukernels.gpu import parity
 from gpukernels.gpu import rotary_embedding as gpu_rotary
 from gpukernels.kernels.nn.rotary import RotaryEmbedding
 from gpukernels.tensor import Tensor
+from tests.gpu.emu_harness import check_op, emulated
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 

@@ -93,3 +93,71 @@ def attention_heads(Q, K, V, past_k=None, past_v=None, causal=0, scale=None):
             e = np.exp(s - s.max(axis=1, keepdims=True))
             Y[b, hq] = (e / e.sum(axis=1, keepdims=True)) @ V[b, hq // G]
     return Y
+
+
+def attention_4d(q4, k4, v4, *, mask=None, causal=0, offset=None, kvlen=None, left=-1, right=-1, scale=None,
+              softcap=0.0):
+    """Y (B, Hq, Sq, Dv) in float64 from the operator's definition.  k4/v4 hold every key
+    (past included); mask is the user's mask array (bool or numeric), offset/kvlen per batch."""
+    q, k, v = (a.astype(np.float64) for a in (q4, k4, v4))
+    B, Hq, Sq, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    add = np.zeros((B, Hq, Sq, T))
+    if mask is not None:
+        m = np.where(mask, 0.0, -np.inf) if mask.dtype == np.bool_ else mask.astype(np.float32).astype(np.float64)
+        if m.ndim and m.shape[-1] < T:
+            m = np.concatenate([m, np.full(m.shape[:-1] + (T - m.shape[-1],), -np.inf)], axis=-1)
+        add = add + m.reshape((1,) * (4 - m.ndim) + m.shape)
+    y = np.zeros((B, Hq, Sq, v.shape[3]))
+    for b in range(B):
+        off = 0 if offset is None else offset[b]
+        n = T if kvlen is None else kvlen[b]
+        for h in range(Hq):
+            s = scale * q[b, h] @ k[b, h // G].T
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            bias = add[b, h].copy()
+            for i in range(Sq):
+                for j in range(T):
+                    d = i + off - j
+                    ok = j < n
+                    if causal:
+                        ok &= d >= 0
+                    if left >= 0:
+                        ok &= d <= left
+                    if right >= 0:
+                        ok &= -d <= right
+                    if not ok:
+                        bias[i, j] = -np.inf
+            s = s + bias
+            for i in range(Sq):
+                if np.all(np.isneginf(bias[i])):
+                    continue
+                p = np.exp(s[i] - s[i].max())
+                y[b, h, i] = (p / p.sum()) @ v[b, h // G]
+    return y
+
+
+def make_qkv(rng, t, B=2, Hq=4, Hkv=2, Sq=5, Skv=70, D=16, Dv=None, P=0):
+    """Random 4-D q (B, Hq, Sq, D), k, v (B, Hkv, Skv, D/Dv) of element type t, and past
+    key/value of P positions (None when P is 0)."""
+    Dv = D if Dv is None else Dv
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(t)
+    k = rng.standard_normal((B, Hkv, Skv, D)).astype(t)
+    v = rng.standard_normal((B, Hkv, Skv, Dv)).astype(t)
+    pk = rng.standard_normal((B, Hkv, P, D)).astype(t) if P else None
+    pv = rng.standard_normal((B, Hkv, P, Dv)).astype(t) if P else None
+    return q, k, v, pk, pv
+
+
+def to3d(a):
+    """(B, H, S, D) -> the operator's 3-D layout (B, S, H * D)."""
+    B, H, S, D = a.shape
+    return np.ascontiguousarray(a.transpose(0, 2, 1, 3).reshape(B, S, H * D))
+
+
+def full_kv(k, pk):
+    """Every key of a call: the past ones (pk, or None) then the new ones."""
+    return k if pk is None else np.concatenate([pk, k], axis=2)
