@@ -416,3 +416,35 @@ def test_static_shape_model_runs_without_device_to_host_transfers(compile_graph,
         (y,) = session.run_values({"x": x})
     assert log.count == 0, log.report()
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("compile_graph", [True, False])
+def test_constant_exponents_and_bounds_are_read_on_the_host(compile_graph, count_transfers):
+    """Pow's exponent and Clip's bounds (KernelBase.host_inputs) stay on the host when
+    nothing else reads them, so the kernels choose their formula without a transfer;
+    a constant also read as data stays on the device (and reading it costs one)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gpukernels.runtime import Session
+
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n)
+             for n, v in (("three", 3.0), ("half", 2.5), ("lo", 0.0), ("hi", 6.0), ("two", 2.0))]
+    nodes = [helper.make_node("Pow", ["x", "three"], ["cube"]),
+             helper.make_node("Pow", ["x", "half"], ["p"]),          # not a product exponent: uploaded
+             helper.make_node("Clip", ["cube", "lo", "hi"], ["c"]),
+             helper.make_node("Add", ["c", "p"], ["s"]),
+             helper.make_node("Pow", ["s", "two"], ["sq"]),
+             helper.make_node("Mul", ["sq", "two"], ["y"])]         # 'two' also read as data
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(1).random((4, 5)).astype(np.float32) * 3
+    want = Session(model, device="cpu").run(None, {"x": x})[0]
+    session = Session(model, device="cuda", options={"compile_graph": compile_graph})
+    on_host = {n for n, t in session.graph.constants.items() if t.array.__class__ is np.ndarray}
+    assert on_host == {"three", "half", "lo", "hi"}
+    session.run_values({"x": x})
+    with count_transfers() as log:
+        (y,) = session.run_values({"x": x})
+    assert log.count == 1, log.report()  # the exponent 'two', read where it also is data
+    assert np.array_equal(y.numpy().view(np.uint32), want.view(np.uint32))

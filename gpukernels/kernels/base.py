@@ -213,6 +213,11 @@ class KernelBase:
     # whether a node whose inputs are all constants may be evaluated once when its graph
     # is prepared (false for kernels whose results differ from call to call: random draws)
     foldable: ClassVar[bool] = True
+    # inputs (by index) the kernel reads as host values when they hold one element (Pow's
+    # exponent, Clip's bounds): on a GPU the runtime keeps constants read only there on
+    # the host, so reading them costs no device-to-host copy; the kernel takes them with
+    # host_tensor and uploads one itself where it computes with it on the device
+    host_inputs: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self, ctx: KernelContext | None = None, version: int | None = None):
         self.ctx = ctx if ctx is not None else KernelContext()

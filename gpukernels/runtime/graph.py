@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -29,7 +29,7 @@ from ..host import current_run, suspended
 from ..kernels import load_all
 from ..kernels.base import KernelContext, describe, has_kernel, lookup
 from ..tensor import Optional, Sequence, Tensor
-from .attributes import attribute_value, bind_attributes
+from .attributes import bind_attributes
 from .environment import environment_of
 from .validation import MAX_GRAPH_DEPTH, check_arity, check_graph, escape
 
@@ -292,8 +292,33 @@ class PreparedGraph:
             if p.simple and not all(n in local for n in p.inputs):
                 p.simple = False
             local.update(p.outputs)
+        if self.ctx.device.is_cuda:
+            self._keep_host_scalars()
         self.release_plan = self._plan_releases()
         self._steps = list(zip(self.nodes, self.release_plan))
+
+    def _keep_host_scalars(self) -> None:
+        """On a GPU, one-element constants that every reader takes as a host input
+        (``KernelBase.host_inputs``: Pow's exponent, Clip's bounds) move back to the host,
+        so that reading them costs no device-to-host copy.  Values read by a subgraph, or
+        that are graph outputs, stay where they are."""
+        readers: dict = {}
+        pinned = set(self.output_names)
+        for p in self.nodes:
+            if p.needs_scope:
+                for attr in p.node.attribute:
+                    for g in _graphs_of(attr):
+                        pinned |= subgraph_free_names(g)
+            host = getattr(type(p.kernel), "host_inputs", ()) if p.kernel is not None else ()
+            for i, n in enumerate(p.inputs):
+                if n:
+                    readers.setdefault(n, []).append(i in host)
+        for name, flags in readers.items():
+            t = self.constants.get(name)
+            if (t is None or name in pinned or not all(flags) or t.__class__ is not Tensor
+                    or t.array is None or t.array.__class__ is np.ndarray or t.array.size != 1):
+                continue
+            self.constants[name] = freeze(t.to("cpu"))
 
     # ------------------------------------------------------------- preparation
     def _load_initializers(self, graph) -> dict:

@@ -49,14 +49,16 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 
 @register()
 class Clip(KernelBase):
+    host_inputs = (1, 2)  # the bounds: read as host scalars
+
     def __call__(self, input, min=None, max=None, consumed_inputs=None):
         x = self.tensor(input, "input")
         if self.since_version < 11:
             self.check_inputs(x)
             lo, hi = self._attribute_bounds(min, max)
         else:
-            tmin = self.tensor(min, "min", optional=True)
-            tmax = self.tensor(max, "max", optional=True)
+            tmin = self.host_tensor(min, "min", optional=True)
+            tmax = self.host_tensor(max, "max", optional=True)
             self.check_inputs(x, tmin, tmax)
             lo = None if tmin.is_absent else scalar_value(self, tmin, "min")
             hi = None if tmax.is_absent else scalar_value(self, tmax, "max")
@@ -172,9 +174,13 @@ class Mod(KernelBase):
 
 @register()
 class Pow(KernelBase):
+    host_inputs = (1,)  # a one-element exponent: read on the host (see _product_exponent)
+
     def __call__(self, X, Y, axis=None, broadcast=0):
         x = self.tensor(X, "X")
-        y = self.tensor(Y, "Y")
+        y = self.host_tensor(Y, "Y")
+        if y.array is None or y.size != 1 or self.since_version < 7:
+            y = self.tensor(y, "Y")
         self.check_inputs(x, y)
         xp = self.xp
         xc, yc = self.to_compute(x), self.to_compute(y)
@@ -187,6 +193,8 @@ class Pow(KernelBase):
             if e is not None:
                 out = pow_by_products(xp, xc, yc.dtype, e, np.broadcast_shapes(x.shape, y.shape))
             else:
+                if self.on_gpu and yc.__class__ is np.ndarray:
+                    yc = xp.asarray(yc)  # a host exponent computed with on the device
                 out = self._pow(xp, xc, yc, x, y)
         return self.from_compute(out, x.data_type)
 
@@ -219,9 +227,9 @@ _PRODUCT_EXPONENTS = frozenset((0.0, 1.0, 2.0, 3.0, 4.0, -1.0, 0.5))
 
 def _product_exponent(xc, yc):
     """The exponent's value when the base is float and the exponent one value in
-    _PRODUCT_EXPONENTS, else None.  On a GPU the value is read back (one scalar
-    device-to-host copy, as Clip reads its bounds): the formula must not depend on the
-    device."""
+    _PRODUCT_EXPONENTS, else None.  The formula must not depend on the device, so on a
+    GPU the value is read on the host: a constant exponent stays there (host_inputs);
+    one computed on the device is copied back (one scalar)."""
     if xc.dtype.kind != "f" or yc.size != 1 or yc.dtype.kind not in "fiu":
         return None
     e = float(to_host(yc).reshape(-1)[0])
