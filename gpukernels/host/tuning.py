@@ -157,6 +157,10 @@ _ENTRIES = (
     Entry("conv.host_cols_bytes", 8 * _MiB, "bytes",
           "column buffer of the host 2-D Conv (im2col by phase images): images per product "
           "against cache", _on_dev("2-core AVX-512 host")),
+    Entry("conv.host_fold_pixels", 64, "output pixels per image",
+          "host 2-D Conv: images this small share one product (the batch folded into the "
+          "columns, the weights packed once): 2x256x3x3 by 256x256x3x3 730 -> 530 us, "
+          "no gain from 144 pixels on", _on_dev("2-core VM, 1 thread")),
     Entry("conv.arena_min_bytes", 256 * _KiB, "bytes",
           "host Conv outputs from this size on come from the Session's arena (fresh arrays of a "
           "few MB are page-faulted in again on every call inside a model)", _CHOSEN),

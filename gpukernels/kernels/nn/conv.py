@@ -264,7 +264,9 @@ def _depthwise_nd_host(x, w, b, strides, pads, dilations, O):
 
 @specialize("Conv.depthwise", device="cpu", ops=("Conv",), when=lambda x, w: x.ndim == 4,
             agreement="rtol 1e-5 (float32): per-channel (multiplier x taps) @ (taps x pixels) "
-                      "products over zero-bordered scratch sum the taps in another order")
+                      "products over zero-bordered scratch (the bias in the product), or "
+                      "(outputs x inputs) products for planes no larger than the kernel, "
+                      "sum the taps in another order")
 def _depthwise_2d_host(x, w, b, strides, pads, dilations, O):
     return host.depthwise_2d(x, w, b, strides, pads, dilations, O)
 
@@ -280,10 +282,22 @@ def _pointwise_host(x, w, b, strides, O):
 @specialize("Conv.dense", device="cpu", ops=("Conv",),
             when=lambda x, w, group: x.ndim == 4 and group == 1 and x.dtype.kind == "f",
             agreement="rtol 1e-5 (float32): phase-split columns or per-tap products (BLAS) "
-                      "sum in another order than the im2col product")
+                      "sum in another order than the im2col product (or the im2col product "
+                      "with the bias inside), without the taps that read only padding "
+                      "(finite weights)")
 def _dense_2d_host(x, w, b, strides, pads, dilations, O):
-    """2-D, one group, float: per-tap products when the output has few channels next to
-    the input's (no column matrix), else phase-split columns (_conv_host)."""
+    """2-D, one group, float: the taps that read only padding dropped (_conv_host.trim_taps;
+    a kernel left 1x1 without padding is a pointwise product), then columns copied from
+    strided windows for large strides, per-tap products when the output has few channels
+    next to the input's (no column matrix), else phase-split columns (_conv_host)."""
+    trimmed = host.trim_taps(x, w, strides, pads, dilations, O)
+    if trimmed is not None:
+        x, w, pads = trimmed
+        if w.shape[2:] == (1, 1) and not any(pads):
+            return host.pointwise(x, w, b, strides, O)
+    per_image = x.dtype.itemsize * (x.shape[1] * w.shape[2] * w.shape[3] + 1) * O[0] * O[1]
+    if host.use_patches(strides, per_image):
+        return host.conv2d_patches(x, w, b, strides, pads, dilations, O)
     if host.use_tap_products(x.shape[1], w.shape[0], strides, O, w.shape[2:], dilations):
         return host.conv2d_taps(x, w, b, pads, dilations, O)
     return host.conv2d(x, w, b, strides, pads, dilations, O)

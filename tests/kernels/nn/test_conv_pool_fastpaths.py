@@ -11,7 +11,6 @@ import pytest
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.nn import _conv_host as conv_host
 from gpukernels.kernels.nn import conv as conv_mod
-from gpukernels.kernels.nn import _pool_host as pool_host
 from gpukernels.kernels.nn.conv import Conv
 from gpukernels.kernels.nn.pool import MaxPool
 from tests.reference import conv
@@ -53,6 +52,7 @@ CONV_CASES = [
 @pytest.mark.parametrize("budget", [None, 1])
 def test_host_conv2d_matches_reference(case, wide, budget, rng, monkeypatch, tuning):
     xs, ws, strides, pads, dil = case
+    monkeypatch.setattr(conv_host, "use_patches", lambda *a: False)  # the phase split here
     if wide is not None:
         monkeypatch.setattr(conv_host, "_use_wide", lambda *a: wide)
     if budget is not None:  # one row per chunk: exercises the row chunking
@@ -80,6 +80,84 @@ def test_host_conv2d_image_chunks_double_and_noncontiguous(rng, monkeypatch, tun
         y = conv_mod.conv_forward(np, x, w, b, [1, 1], [1, 0, 0, 1], [1, 1], 1)
         assert y.dtype == np.float64
         np.testing.assert_allclose(y, ref_conv(x, w, b, (1, 1), (1, 0, 0, 1), (1, 1)), rtol=1e-10, atol=1e-10)
+
+
+FOLD_CASES = [
+    # (x shape, w shape, strides, pads, dilations): small images sharing one product
+    ((2, 16, 3, 3), (24, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((3, 8, 6, 6), (12, 8, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((4, 5, 5, 7), (6, 5, 3, 2), (1, 2), (2, 0, 1, 1), (2, 1)),
+    ((5, 4, 4, 4), (3, 4, 2, 2), (1, 1), (0, 0, 0, 0), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", FOLD_CASES)
+@pytest.mark.parametrize("wide", [True, False])
+@pytest.mark.parametrize("fold", [0, 1 << 20])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_host_conv2d_small_images_share_one_product(case, wide, fold, dtype, rng, monkeypatch, tuning):
+    """conv.host_fold_pixels: the batch folded into one product (or not), with chunks of
+    two images over an odd batch (a last chunk of one), bias inside the product or added."""
+    xs, ws, strides, pads, dil = case
+    monkeypatch.setattr(conv_host, "_use_wide", lambda *a: wide)
+    per_image = (ws[1] * ws[2] * ws[3] + 1) * xs[2] * (xs[3] + 8) * np.dtype(dtype).itemsize
+    tuning({"conv.host_fold_pixels": fold, "conv.host_cols_bytes": 2 * per_image})
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    monkeypatch.setattr(conv_host, "use_tap_products", lambda *a: False)
+    monkeypatch.setattr(conv_host, "use_patches", lambda *a: False)
+    calls = []
+    real = conv_host.conv2d
+    monkeypatch.setattr(conv_host, "conv2d", lambda *a: calls.append(1) or real(*a))
+    k = Conv(KernelContext("cpu"))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for bias in (b, None):
+        y = k(x, w, bias, strides=list(strides), pads=list(pads), dilations=list(dil)).numpy()
+        assert y.dtype == dtype
+        np.testing.assert_allclose(y, ref_conv(x, w, bias, strides, pads, dil), rtol=tol, atol=tol)
+    assert len(calls) == 2
+
+
+PATCH_CASES = [
+    # (x shape, w shape, strides, pads, dilations): strides of more than 4 phases
+    ((2, 3, 32, 32), (8, 3, 16, 16), (16, 16), (0, 0, 0, 0), (1, 1)),  # ViT's patch embedding
+    ((2, 4, 17, 19), (6, 4, 4, 4), (4, 4), (0, 0, 0, 0), (1, 1)),      # the input's last rows unread
+    ((2, 3, 23, 21), (5, 3, 7, 7), (4, 4), (3, 3, 3, 3), (1, 1)),      # SegFormer's overlapping patches
+    ((1, 5, 16, 15), (4, 5, 3, 3), (3, 2), (2, 0, 1, 3), (2, 3)),      # asymmetric, dilated
+    ((3, 2, 9, 10), (3, 2, 2, 3), (5, 3), (4, 1, 0, 2), (1, 1)),       # pads past the first window
+]
+
+
+@pytest.mark.parametrize("case", PATCH_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("budget", [None, 1])
+def test_host_conv2d_patches_match_reference(case, dtype, budget, rng, monkeypatch, tuning):
+    """conv2d_patches (large strides): one strided copy of every window per chunk of images
+    (one image per chunk with a tiny column budget, when use_patches is forced)."""
+    xs, ws, strides, pads, dil = case
+    if budget is not None:
+        tuning({"conv.host_cols_bytes": budget})
+        monkeypatch.setattr(conv_host, "use_patches", lambda *a: True)
+    calls = []
+    real = conv_host.conv2d_patches
+    monkeypatch.setattr(conv_host, "conv2d_patches", lambda *a: calls.append(1) or real(*a))
+    x = rng.standard_normal(xs).astype(dtype)[:, :, ::-1]  # non-contiguous too
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    k = Conv(KernelContext("cpu"))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for bias in (b, None):
+        y = k(x, w, bias, strides=list(strides), pads=list(pads), dilations=list(dil)).numpy()
+        assert y.dtype == dtype
+        np.testing.assert_allclose(y, ref_conv(x, w, bias, strides, pads, dil), rtol=tol, atol=tol)
+    assert len(calls) == 2
+
+
+def test_host_conv2d_patches_chosen_for_large_strides():
+    assert conv_host.use_patches((4, 4), 1000) and conv_host.use_patches((3, 2), 1000)
+    assert not conv_host.use_patches((2, 2), 1000) and not conv_host.use_patches((1, 4), 1000)
+    assert not conv_host.use_patches((16, 16), 1 << 40)  # one image's columns past the budget
 
 
 def test_host_conv2d_zero_padding_not_stale(rng):

@@ -11,7 +11,6 @@ import pytest
 
 from gpukernels.kernels.base import KernelContext
 from gpukernels.kernels.nn import _conv_host as conv_host
-from gpukernels.kernels.nn import conv as conv_mod
 from gpukernels.kernels.nn.conv import Conv
 
 from tests.reference import conv as ref_conv
@@ -69,3 +68,59 @@ def test_conv_chooses_taps_and_agrees_with_columns(C, M, taps, rng, monkeypatch)
     cols = conv_host.conv2d(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), (14, 14))
     np.testing.assert_allclose(y, cols, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(y, ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1)), rtol=1e-4, atol=1e-3)
+
+
+# ------------------------------------------ taps that read only padding (_conv_host.trim_taps)
+
+TRIM_CASES = [
+    # x shape, M, kernel, strides, pads (top, left, bottom, right), dilations, kernel left
+    ((2, 16, 12, 12), 8, (3, 3), (1, 1), (12, 12, 12, 12), (12, 12), (1, 1)),  # ASPP: 1x1 left
+    ((1, 8, 12, 12), 6, (3, 3), (1, 1), (18, 18, 18, 18), (18, 18), (1, 1)),
+    ((2, 6, 3, 3), 5, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), (5, 5)),           # 7x7 on 3x3
+    ((1, 5, 4, 6), 4, (5, 3), (2, 1), (5, 0, 0, 2), (1, 2), (4, 3)),             # asymmetric, strided
+    ((1, 4, 5, 5), 3, (3, 3), (2, 2), (7, 1, 0, 6), (3, 1), (2, 3)),
+    ((2, 3, 2, 7), 4, (5, 3), (1, 1), (2, 1, 2, 1), (1, 1), (3, 3)),           # rows only
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", TRIM_CASES)
+def test_taps_reading_only_padding_are_skipped(case, dtype, rng):
+    xs, M, ks, strides, pads, dil, left = case
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((M, xs[1]) + ks).astype(dtype)
+    b = rng.standard_normal(M).astype(dtype)
+    k = Conv(KernelContext("cpu"))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for bias in (b, None):
+        y = k(x, w, bias, strides=list(strides), pads=list(pads), dilations=list(dil)).numpy()
+        assert y.dtype == dtype
+        np.testing.assert_allclose(y, ref_conv(x, w, bias, strides, pads, dil), rtol=tol, atol=tol)
+    Ho = [(xs[2 + i] + pads[i] + pads[i + 2] - (ks[i] - 1) * dil[i] - 1) // strides[i] + 1 for i in range(2)]
+    trimmed = conv_host.trim_taps(x, w, strides, pads, dil, Ho)
+    assert trimmed is not None
+    assert trimmed[1].shape[2:] == left
+
+
+def test_trimmed_aspp_branch_is_a_pointwise_product(rng, monkeypatch):
+    calls = []
+    real = conv_host.pointwise
+    monkeypatch.setattr(conv_host, "pointwise", lambda *a: calls.append(a[0].shape) or real(*a))
+    x = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    Conv(KernelContext("cpu"))(x, w, pads=[12, 12, 12, 12], dilations=[12, 12])
+    assert calls == [(2, 16, 12, 12)]
+
+
+def test_no_trimming_when_every_tap_reads_data_or_weights_are_not_finite(rng):
+    x = rng.standard_normal((1, 4, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
+    assert conv_host.trim_taps(x, w, (1, 1), (6, 6, 6, 6), (6, 6), (12, 12)) is None  # dilation 6: all read
+    assert conv_host.trim_taps(x, w, (1, 1), (12, 12, 12, 12), (12, 12), (12, 12)) is not None
+    w[0, 1, 0, 2] = np.inf  # a tap reading only padding: the reference gives inf * 0 = NaN
+    assert conv_host.trim_taps(x, w, (1, 1), (12, 12, 12, 12), (12, 12), (12, 12)) is None
+    with np.errstate(invalid="ignore"):
+        y = Conv(KernelContext("cpu"))(x, w, pads=[12, 12, 12, 12], dilations=[12, 12]).numpy()
+        want = ref_conv(x, w, None, (1, 1), (12, 12, 12, 12), (12, 12))
+    assert np.isnan(y[0, 0]).all() and np.array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_allclose(y[0, 1:], want[0, 1:], rtol=1e-5, atol=1e-5)

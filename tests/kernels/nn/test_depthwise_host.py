@@ -116,17 +116,82 @@ def test_depthwise_channels_last_matches_reference(case, dtype, rng, monkeypatch
 def test_depthwise_channels_last_chosen_for_tiny_planes(rng, monkeypatch):
     """The rule picks the channels-last taps for mobile networks' last stages only (and
     never with a channel multiplier); float16 computes in float32 through it."""
-    assert conv_host.use_channels_last_taps(2, 480, 1, 9, 3, 5)       # 2x480x3x3, 3x3 taps
-    assert conv_host.use_channels_last_taps(2, 576, 1, 25, 3, 7)      # 2x576x3x3, 5x5 taps
-    assert not conv_host.use_channels_last_taps(2, 128, 1, 49, 4, 10)  # 7x7 taps on 4x4
-    assert not conv_host.use_channels_last_taps(2, 72, 1, 9, 24, 26)   # 24x24 planes
-    assert not conv_host.use_channels_last_taps(2, 480, 2, 9, 3, 5)    # multiplier 2
+    assert conv_host.use_channels_last_taps(2, 480, 1, 9, 3, 3)       # 2x480x3x3, 3x3 taps
+    assert conv_host.use_channels_last_taps(2, 576, 1, 25, 3, 3)      # 2x576x3x3, 5x5 taps
+    assert conv_host.use_channels_last_taps(2, 672, 1, 25, 6, 6)      # 2x672x6x6, 5x5 taps
+    assert not conv_host.use_channels_last_taps(2, 128, 1, 49, 4, 4)  # 7x7 taps on 4x4
+    assert not conv_host.use_channels_last_taps(2, 72, 1, 9, 24, 24)  # 24x24 planes
+    assert not conv_host.use_channels_last_taps(2, 480, 2, 9, 3, 3)   # multiplier 2
     calls = []
     real = conv_host.depthwise_taps_nhwc
     monkeypatch.setattr(conv_host, "depthwise_taps_nhwc", lambda *a: calls.append(1) or real(*a))
-    x = rng.standard_normal((2, 480, 3, 3)).astype(np.float16)
-    w = (rng.standard_normal((480, 1, 3, 3)) * 0.3).astype(np.float16)
-    y = Conv(KernelContext("cpu"))(x, w, group=480, pads=[1, 1, 1, 1]).numpy()
+    x = rng.standard_normal((2, 192, 6, 6)).astype(np.float16)
+    w = (rng.standard_normal((192, 1, 3, 3)) * 0.3).astype(np.float16)
+    y = Conv(KernelContext("cpu"))(x, w, group=192, pads=[1, 1, 1, 1]).numpy()
     assert calls and y.dtype == np.float16
     want = ref_depthwise(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1))
     np.testing.assert_allclose(y.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+
+
+# ------------------------------- per-channel (outputs x inputs) matrices (planes <= kernel)
+
+PLANE_CASES = [
+    # x shape, multiplier, kernel, strides, pads (top, left, bottom, right), dilations
+    ((2, 16, 2, 2), 1, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1)),   # convnext's last stage
+    ((2, 9, 3, 3), 1, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),    # efficientnet's
+    ((2, 5, 3, 3), 2, (3, 3), (2, 1), (0, 2, 1, 0), (1, 2)),    # multiplier, strides, asymmetric
+    ((3, 4, 2, 3), 3, (5, 4), (1, 2), (2, 1, 3, 2), (1, 1)),
+    ((1, 3, 2, 2), 1, (3, 3), (1, 1), (4, 5, 3, 2), (1, 1)),    # pads larger than the input
+    ((1, 6, 3, 3), 1, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),    # dilations
+    ((2, 4, 1, 5), 1, (1, 5), (1, 3), (0, 2, 0, 2), (1, 1)),    # one row
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", PLANE_CASES)
+def test_depthwise_plane_products_match_reference(case, dtype, rng, monkeypatch):
+    xs, mult, ks, strides, pads, dil = case
+    Ho, Wo = ((xs[2 + i] + pads[i] + pads[i + 2] - (ks[i] - 1) * dil[i] - 1) // strides[i] + 1 for i in range(2))
+    assert conv_host.use_plane_products(xs[2], xs[3], *ks, Ho, Wo)
+    calls = []
+    real = conv_host.depthwise_plane_products
+    monkeypatch.setattr(conv_host, "depthwise_plane_products", lambda *a: calls.append(1) or real(*a))
+    C = xs[1]
+    x = rng.standard_normal(xs).astype(dtype)[:, :, ::-1]  # non-contiguous too
+    w = rng.standard_normal((C * mult, 1) + ks).astype(dtype)
+    b = rng.standard_normal(C * mult).astype(dtype)
+    k = Conv(KernelContext("cpu"))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for bias in (b, None):
+        y = k(x, w, bias, group=C, strides=list(strides), pads=list(pads), dilations=list(dil)).numpy()
+        assert y.dtype == dtype
+        np.testing.assert_allclose(y, ref_depthwise(x, w, bias, strides, pads, dil), rtol=tol, atol=tol)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("where", ["x_inf", "x_nan", "w_inf"])
+def test_depthwise_plane_products_not_for_non_finite_values(where, rng):
+    """A structural zero of the per-channel matrix times an infinite input would give NaN
+    where the reference never reads that pixel: such calls take the tap paths."""
+    x = rng.standard_normal((2, 8, 2, 2)).astype(np.float32)
+    w = rng.standard_normal((8, 1, 7, 7)).astype(np.float32)
+    if where == "x_inf":
+        x[0, 1, 0, 0] = np.inf
+    elif where == "x_nan":
+        x[1, 2, 1, 1] = np.nan
+    else:
+        w[3, 0, 0, 0] = np.inf  # reads padding only: the reference gives inf * 0 = NaN there
+    with np.errstate(invalid="ignore"):  # inf * 0 on both sides
+        y = Conv(KernelContext("cpu"))(x, w, group=8, pads=[3, 3, 3, 3]).numpy()
+        want = ref_depthwise(x, w, None, (1, 1), (3, 3, 3, 3), (1, 1))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(np.isnan(y), np.isnan(want))
+
+
+def test_depthwise_plane_products_chosen_for_planes_no_larger_than_the_kernel():
+    assert conv_host.use_plane_products(2, 2, 7, 7, 2, 2)
+    assert conv_host.use_plane_products(3, 3, 5, 5, 3, 3)
+    assert conv_host.use_plane_products(3, 3, 3, 3, 3, 3)
+    assert not conv_host.use_plane_products(6, 6, 5, 5, 6, 6)
+    assert not conv_host.use_plane_products(12, 12, 3, 3, 12, 12)
+    assert not conv_host.use_plane_products(2, 2, 3, 3, 200, 200)  # huge pads: many outputs

@@ -300,6 +300,40 @@ def test_global_pools(device, rng, shape):
                                np.sqrt((xd ** 2).sum(axes, keepdims=True)), rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 5, 32, 32), (2, 3, 33, 32), (3, 4, 1, 1), (1, 6, 9)])
+def test_global_average_pool_either_sum(device, rng, shape, dtype):
+    """Planes of up to 1024 pixels summed by a matrix-vector product, larger ones by
+    NumPy's pairwise mean: both against float64 (values around 3, so rtol means it)."""
+    x = (rng.standard_normal(shape) + 3).astype(dtype)
+    axes = tuple(range(2, len(shape)))
+    y = GlobalAveragePool(KernelContext(device))(x).numpy()
+    assert y.dtype == dtype and y.shape == shape[:2] + (1,) * (len(shape) - 2)
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(y, x.astype(np.float64).mean(axes, keepdims=True), rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 5), (2, 8, 6, 7), (1, 2, 3, 2, 4), (1, 3, 40, 40)])
+def test_global_pool_array_functions_equal_the_kernels(device, rng, shape, dtype):
+    """What compiled graphs call: the kernels' arrays exactly, with no array function for
+    float16 (computed in float32 and rounded) or an empty GlobalMaxPool (the kernel raises)."""
+    x = rng.standard_normal(shape).astype(dtype)
+    ctx = KernelContext(device)
+    for cls in (GlobalAveragePool, GlobalMaxPool):
+        k = cls(ctx)
+        t = k.tensor(x)
+        want = k(t).numpy()
+        fn = k.array_function([t], {})
+        got = fn(t.array)
+        got = got.get() if hasattr(got, "get") else got
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+        assert k.array_function([k.tensor(x.astype(np.float16))], {}) is None
+    empty = GlobalMaxPool(ctx)
+    assert empty.array_function([empty.tensor(np.zeros((1, 2, 0, 3), np.float32))], {}) is None
+
+
 def test_global_pools_half(device, rng):
     x = rng.standard_normal((2, 3, 4, 4)).astype(np.float16)
     y = GlobalLpPool(KernelContext(device))(x).numpy()
