@@ -46,13 +46,8 @@ from ...host import host_blocks, host_empty, tuning
 
 def _output(shape, dtype) -> np.ndarray:
     """Y of a host Conv path: from the run's arena from conv.arena_min_bytes on (fresh
-    arrays of a few MB are page-faulted in again on every call), else a plain np.empty --
-    decided here because host_empty's own size check costs about 10 us a call (np.ndim and
-    np.prod on the shape), some 0.5 ms per run of a mobile network's 50 small Convs."""
-    floor = tuning.value("conv.arena_min_bytes")
-    if math.prod(shape) * dtype.itemsize < floor:
-        return np.empty(shape, dtype)
-    return host_empty(shape, dtype, floor)
+    arrays of a few MB are page-faulted in again on every call), else a plain np.empty."""
+    return host_empty(shape, dtype, tuning.value("conv.arena_min_bytes"))
 
 
 def _use_wide(kw, Wq, Wo, K, M) -> bool:
