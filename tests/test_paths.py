@@ -354,6 +354,21 @@ CASES["Conv.depthwise:_depthwise_2d_host"] += [  # tiny planes: channels-last ta
     Case("Conv", lambda r: [_f32(r, 2, 200, 6, 6), _f32(r, 200, 1, 5, 5)],
          {"group": 200, "pads": [2, 2, 2, 2], "strides": [2, 2]}, 1e-5, 1e-5, (1e-5, 1e-5)),
 ]
+CASES["Conv.depthwise:_depthwise_2d_host"] += [  # a plane no larger than the kernel: products
+    Case("Conv", lambda r: [_f32(r, 2, 16, 2, 2), _f32(r, 16, 1, 7, 7), _f32(r, 16)],
+         {"group": 16, "pads": [3, 3, 3, 3]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+]
+CASES["Conv.dense:_dense_2d_host"] += [
+    # large stride: the columns in one strided copy ("patchify")
+    Case("Conv", lambda r: [_f32(r, 2, 3, 32, 32), _f32(r, 8, 3, 8, 8), _f32(r, 8)],
+         {"strides": [8, 8]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    # dilation 12 on a 12x12 plane: every tap but the centre reads padding only
+    Case("Conv", lambda r: [_f32(r, 2, 16, 12, 12), _f32(r, 8, 16, 3, 3), _f32(r, 8)],
+         {"pads": [12] * 4, "dilations": [12, 12]}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    # small images: the batch folded into one product
+    Case("Conv", lambda r: [_f32(r, 2, 32, 3, 3), _f32(r, 48, 32, 3, 3, scale=0.3), _f32(r, 48)],
+         {"pads": [1] * 4}, 1e-5, 1e-5, (1e-5, 1e-5)),
+]
 
 # MatMul/Gemm with a few rows (a decoding step) as vector-matrix products (issue 15,
 # transformer speed)
