@@ -1175,14 +1175,15 @@ def parity_export(spec: Spec, label: tuple, path: pathlib.Path, progress) -> dic
     compare the outputs.  When they disagree, compare every node's values (all_nodes: no
     graph optimisation, no constant folding) and name the first diverging node.
 
-    A quantized export is also compared node by node, twice.  With the default paths its
-    QUANT_OPS outputs must be bit-identical wherever the node's inputs are: a float input
-    that differs in the last place (a host specialisation summing in another order, within
-    its stated agreement) may round to the neighbouring integer, and that step then flows
-    on; such values are counted apart, and the outputs are held to the float tolerance only
-    as information.  With paths='reference' on both devices (one algorithm, the same
-    operation order) every quantization output must be bit-identical, and the float
-    outputs within the tolerance."""
+    A quantized export must agree end to end like a float one (its graph runs with the
+    default optimisations: products of dequantized values summed exactly, pass
+    'dequantized'), and is also compared node by node, twice, on the graph as written.
+    With the default paths its QUANT_OPS outputs must be bit-identical wherever the node's
+    inputs are: a float input that differs in the last place (a Conv or MatMul summing in
+    another order, within its stated agreement) may round to the neighbouring integer, and
+    that step then flows on; such values are counted apart.  With paths='reference' on both
+    devices (one algorithm, the same operation order) every quantization output must be
+    bit-identical, and the float outputs within the tolerance."""
     from gpukernels.parity import compare
     from gpukernels.runtime import Session
 
@@ -1230,7 +1231,8 @@ def parity_export(spec: Spec, label: tuple, path: pathlib.Path, progress) -> dic
     row["ref_quant_mismatch"] = own + inherited
     row["ref_bitwise"] = f"{sum(v.max_abs == 0 for v in rside.values)}/{len(rside.values)}"
     row["ref_max_abs_diff"] = max((v.max_abs for v in rside.values if not _is_integer(v)), default=0.0)
-    row["ok"] = not row["quant_mismatch"] and not row["ref_quant_mismatch"] and ref.passed
+    row["ok"] = (row["outputs_ok"] and not row["quant_mismatch"] and not row["ref_quant_mismatch"]
+                 and ref.passed)
     return row
 
 
