@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import distributed
@@ -228,6 +229,44 @@ def test_default_local_cluster_from_the_cli(tmp_path, capsys):
     cores = len(os.sched_getaffinity(0))
     assert sum(w["threads"] for w in report["workers"]) <= cores
     assert_same(read_outputs(out), sequential(model, data, 5))
+
+
+def _kernels_loaded() -> bool:
+    from gpukernels.kernels import _loader
+
+    return _loader._loaded
+
+
+def _profiler_enabled() -> bool:
+    import dask
+
+    return dask.config.get("distributed.worker.profile.enabled")
+
+
+def test_local_workers_load_the_code_at_setup_and_run_without_the_profiler():
+    """The model plugin's setup loads gpukernels' code (not the first task); a local
+    cluster's workers run without Dask's statistical profiler (it takes the GIL from the
+    model's run every 10 ms)."""
+    from gpukernels.evaluation.cluster import connect
+    from gpukernels.evaluation.worker import ModelPlugin
+
+    cluster = connect(None, 1, "cpu", None)
+    try:
+        c = cluster.client
+        assert list(c.run(_profiler_enabled).values()) == [False]
+        c.register_plugin(ModelPlugin("0" * 16, b"", None))
+        assert list(c.run(_kernels_loaded).values()) == [True]
+    finally:
+        cluster.close()
+
+
+def test_a_failure_to_load_the_code_is_raised_by_every_session_build(monkeypatch):
+    from gpukernels.evaluation import worker
+
+    monkeypatch.setattr(worker, "_WARMED", [ImportError("no module named gpukernels.kernels.x")])
+    for _ in range(2):
+        with pytest.raises(ImportError, match="kernels.x"):
+            worker.warm_up()
 
 
 # -------------------------------------------------------------------------------- resume
@@ -511,7 +550,11 @@ def test_parity_without_devices_uses_the_usable_ones(tmp_path, capsys):
 # --------------------------------------------------------------- a worker dies (runs last)
 
 
-def test_a_worker_killed_mid_run_loses_and_repeats_no_sample(tmp_path, client):
+@pytest.mark.parametrize("pause", [0.0, 0.3], ids=["running", "results-held"])
+def test_a_worker_killed_mid_run_loses_and_repeats_no_sample(tmp_path, client, pause):
+    """pause: the driver waits before the kill, so that the victim holds finished batches
+    not yet fetched (they are lost with it and must run again, not fail the run)."""
+    client.wait_for_workers(2, timeout=60)       # the nanny restarts the worker killed before
     model = small_model(tmp_path / "m.onnx", width=256)
     data = make_data(120, width=256)
     src = str(write_npy_folder(tmp_path / "data", data))
@@ -520,6 +563,7 @@ def test_a_worker_killed_mid_run_loses_and_repeats_no_sample(tmp_path, client):
 
     def kill_one(done, total, r):
         if not killed:
+            time.sleep(pause)
             pids = client.run(os.getpid)
             victim = next(a for a in pids if a != r.worker)
             os.kill(pids[victim], signal.SIGKILL)

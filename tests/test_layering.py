@@ -196,3 +196,32 @@ def test_no_private_imports_from_other_packages():
             bad += [f"{module}:{node.lineno}: {name}" for name in names
                     if not name.startswith("gpukernels") and any(part.startswith("_") for part in name.split("."))]
     assert not bad, "private imports from other packages:\n" + "\n".join(bad)
+
+
+def test_kernel_loading_from_many_threads_at_once():
+    """load_all from 8 threads of a fresh process: every thread sees the whole registry
+    (none returns early while another thread is still importing)."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import threading
+        from gpukernels.kernels import base
+        counts, barrier = [], threading.Barrier(8)
+        def worker():
+            barrier.wait()
+            base.lookup("Conv")
+            counts.append(len(base.registered()))
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print(sorted(set(counts)), len(counts))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=PACKAGE.parent)
+    assert out.returncode == 0, out.stderr
+    counts, n = out.stdout.strip().rsplit(" ", 1)
+    full = subprocess.run([sys.executable, "-c", "from gpukernels.kernels import base, load_all; load_all(); "
+                           "print(len(base.registered()))"], capture_output=True, text=True, timeout=300,
+                          cwd=PACKAGE.parent)
+    assert counts == f"[{full.stdout.strip()}]" and n == "8", (out.stdout, full.stdout)

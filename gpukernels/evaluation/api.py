@@ -21,8 +21,9 @@ AGAINST = ("onnxruntime", "reference", "cpu", "cuda")
 @dataclass
 class EvalResult:
     """What a run did.  samples_per_second counts the samples run by this call over
-    run_seconds (from the first task submitted to the last batch written; the cluster's
-    start is in seconds only)."""
+    run_seconds (from the first task submitted to the last batch written, so each worker's
+    Session preparation included; the cluster's start, shipping the model and loading
+    gpukernels' code on the workers are in seconds only)."""
 
     model: str
     data: str
@@ -269,7 +270,11 @@ def _run(result, spec, model_bytes, source, store, pending, scheduler, workers, 
             s["batches"] += 1
 
         try:
-            for fut in as_completed(futures, loop=client.loop):
+            done = as_completed(futures, loop=client.loop)
+            for fut in done:
+                if fut.status in ("lost", "pending"):   # finished, but its result left with a worker
+                    done.add(fut)                        # that died: it runs again, wait for it
+                    continue
                 if fut.status != "finished":
                     _fail(fut, futures, index_of, write, source, store, result, KilledWorker, with_message)
                 r = fut.result()

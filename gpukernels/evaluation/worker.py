@@ -2,14 +2,18 @@
 
 The model reaches each worker once, through a worker plugin (``ModelPlugin``) that the
 scheduler also hands to workers that join later (a worker restarted after a crash).
-Tasks carry the model's digest, never its bytes; the first task on a worker builds the
-Session (and the --against side) and every later task reuses it.  Each task also applies
-the thread setting: cores of the worker's machine divided by the task threads of every
-worker on that machine (so that workers x threads never exceed the cores).
+Tasks carry the model's digest, never its bytes.  The plugin's setup loads gpukernels'
+code on the worker (imports and kernel registration, the bulk of a first Session's
+preparation); the first task on a worker builds the Session (and the --against side)
+and every later task reuses it.  Each task also applies the thread setting: cores of the
+worker's machine divided by the task threads of every worker on that machine (so that
+workers x threads never exceed the cores).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import os
 import socket
@@ -43,9 +47,13 @@ class ModelPlugin(WorkerPlugin):
         self.payload = payload
         self.base_dir = base_dir
 
-    def setup(self, worker=None):
+    async def setup(self, worker=None):
         with _LOCK:
             _MODELS[self.digest] = (self.payload, self.base_dir)
+        # load gpukernels' code now, off the worker's event loop, not in the first task
+        # (a failure is raised again by the first task, which names the batch)
+        with contextlib.suppress(Exception):
+            await asyncio.get_running_loop().run_in_executor(None, warm_up)
 
     def teardown(self, worker=None):
         with _LOCK:
@@ -54,6 +62,31 @@ class ModelPlugin(WorkerPlugin):
                 del _RUNNERS[key]
             for key in [k for k in _SINGLE if k[0] == self.digest]:
                 del _SINGLE[key]
+
+
+_WARM_LOCK = threading.Lock()
+_WARMED: list = []     # [None] once the code is loaded, [exception] when loading it failed
+
+
+def warm_up() -> None:
+    """Import the runtime and every kernel module in this process, once (what the first
+    Session of a process spends most of its preparation on: about 0.5 s where Python
+    compiles the sources afresh).  The plugin's setup calls it in a thread and every
+    Session build before it: a task that arrives while the setup still loads waits for
+    it (the registry is complete only then); a failure is raised again to every caller."""
+    with _WARM_LOCK:
+        if not _WARMED:
+            try:
+                from ..kernels import load_all
+                from ..runtime import Session  # noqa: F401
+
+                load_all()
+                _WARMED.append(None)
+            except Exception as exc:  # noqa: BLE001 - kept for the tasks to raise
+                _WARMED.append(exc)
+        failed = _WARMED[0]
+    if failed is not None:
+        raise failed
 
 
 @dataclass(frozen=True)
@@ -195,6 +228,7 @@ def _runner(job: Job, side: str, threads: int):
         elif side == "reference":
             runner = _reference_runner(payload, base_dir)
         else:
+            warm_up()
             runner = _gpukernels_runner(payload, base_dir, device, job.options)
             _COUNTS["sessions"] += 1
         _RUNNERS[key] = runner
