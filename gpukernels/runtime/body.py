@@ -5,7 +5,8 @@ After one iteration has run the general way (every check made, the body's output
 checked by the calling kernel), BodyProgram compiles the body for that input
 signature: values live in a list indexed by slot; each node becomes
   * an array function chosen by its kernel (KernelBase.array_function) called on
-    arrays, when the kernel offers one for these input types and shapes;
+    arrays, when the kernel offers one for these input types and shapes (for a node
+    with several outputs, one returning a tuple of arrays, one per output: Split);
   * nothing at all for an Identity of a tensor (its output is its input's slot);
   * otherwise a pre-bound kernel call (Tensors wrapped from the slots, the result's
     type and shape checked against the recorded iteration's).
@@ -207,13 +208,19 @@ class BodyProgram:
                 raise _NotCompilable(p.name)
             args, outs = rec
             in_slots = [self._resolve(n) if n else None for n in p.inputs]
-            arrays_in = all(s is not None and self.slot_dt[s] is not None for s in in_slots)
+            given = _given(p.inputs)  # trailing omitted inputs: as if not listed
+            arrays_in = all(s is not None and self.slot_dt[s] is not None for s in in_slots[:given])
             if (p.kernel is not None and p.kernel.__class__ is identity and len(in_slots) == 1
                     and arrays_in and len(p.outputs) == 1 and p.outputs[0]):
                 self.slot_of[p.outputs[0]] = in_slots[0]  # Identity of a tensor: the same value
                 continue
-            fn = self._array_function(p, args, outs) if arrays_in else None
+            fn = self._array_function(p, args[:given], outs) if arrays_in else None
             if fn is not None:
+                in_slots = in_slots[:given]
+            if fn is not None and len(p.outputs) > 1:
+                op = (5, fn, tuple(in_slots), self._result_slots(p, outs, produced), None)
+                reads.append(set(in_slots))
+            elif fn is not None:
                 sig = signature(outs[0])
                 o = self._new_slot(None, sig)
                 self.slot_of[p.outputs[0]] = o
@@ -247,24 +254,46 @@ class BodyProgram:
 
     def _array_function(self, p: PreparedNode, args, outs):
         """The kernel's array function for this node, checked once on the recorded
-        inputs (its result must have the recorded output's type and shape)."""
-        if (p.kernel is None or p.needs_scope or p.requested is not None or len(p.outputs) != 1
-                or not p.outputs[0] or len(outs) != 1 or signature(outs[0]) is None):
+        inputs: its result must have the recorded output's type and shape or, for a node
+        with several outputs, be a tuple of as many arrays, each with its output's."""
+        n = len(p.outputs)
+        if (p.kernel is None or p.needs_scope or n == 0 or len(outs) != n
+                or (n == 1 and (p.requested is not None or not p.outputs[0]))
+                or any(signature(o) is None for o in outs)):
             return None
         if not _hook_trusted(type(p.kernel)):
             return None
         fn = p.kernel.array_function(list(args), dict(p.attrs))
         if fn is None:
             return None
-        want = outs[0].array
         try:
             with np.errstate(all="ignore"):
                 got = fn(*[a.array for a in args])
         except Exception:
             return None
-        if got.__class__ is not want.__class__ or got.dtype != want.dtype or got.shape != want.shape:
-            return None
+        if n == 1:
+            got = (got,)
+        elif got.__class__ is not tuple or len(got) != n:
+            return None  # a single array for a node with several outputs
+        for g, o in zip(got, outs):
+            w = o.array
+            if g.__class__ is not w.__class__ or g.dtype != w.dtype or g.shape != w.shape:
+                return None
         return fn
+
+    def _result_slots(self, p: PreparedNode, outs, produced) -> tuple:
+        """New slots for the named outputs of a node (None for an omitted one)."""
+        slots = []
+        for name, value in zip(p.outputs, outs):
+            if not name:
+                slots.append(None)
+                continue
+            s = self._new_slot(None, signature(value))
+            self.slot_of[name] = s
+            produced.append(s)
+            self.producer[s] = len(self.ops)
+            slots.append(s)
+        return tuple(slots)
 
     def _bound_call(self, j: int, p: PreparedNode, in_slots, outs, produced):
         """(op, slots read) for a node run through its kernel on Tensors."""
@@ -370,6 +399,7 @@ class BodyProgram:
         """One iteration on input arrays; see the class docstring.
 
         Op codes: 1 and 2: v[o] = fn(v[a]) / fn(v[a], v[b]); 3: v[o] = fn(*v[a...]);
+        5: v[b...] = fn(*v[a...]) (several outputs; None in b: an omitted one);
         0: fn(v), a pre-bound kernel call writing the slots in b; 4: drop the slots in a.
         While the current run's host arena has buffers out (``taken``), results are
         bound and dropped slots unbound."""
@@ -397,6 +427,13 @@ class BodyProgram:
                     continue
                 elif code == 3:
                     r = fn(*[v[i] for i in a])
+                elif code == 5:
+                    for s, r in zip(b, fn(*[v[i] for i in a])):
+                        if s is not None:
+                            v[s] = r
+                            if taken and r.base is not None:
+                                live.bind(r)
+                    continue
                 else:
                     for i in a:
                         dropped, v[i] = v[i], _MISSING
@@ -443,6 +480,14 @@ class BodyProgram:
         finally:
             self.guard.leave(token)
         return plan._outputs(scope)
+
+
+def _given(names: list) -> int:
+    """How many of a node's inputs are listed before its trailing omitted ('') ones."""
+    n = len(names)
+    while n and not names[n - 1]:
+        n -= 1
+    return n
 
 
 def _owner(cls, name: str):

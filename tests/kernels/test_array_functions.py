@@ -29,6 +29,7 @@ from gpukernels.kernels.base import (
     registered,
     schema_input_types,
 )
+from gpukernels.kernels.tensor._common import schema_type_param
 from gpukernels.runtime.attributes import attribute_value
 from gpukernels.tensor import Tensor
 
@@ -168,7 +169,179 @@ def _concat(rng, version, dt, n_inputs):
     return [(parts, {"axis": 1}), (parts[:1], {"axis": -2}), ([parts[0], parts[0]], {"axis": 0})]
 
 
+# --- indexing, shapes, casts and variadic ops (issue 15, session 6: per-node cost of the
+# unrolled state-space exports)
+
+
+def _indices(rng, shape, size, dtype=np.int64):
+    """Random indices in [-size, size), negatives included."""
+    return rng.integers(-size, size, shape).astype(dtype)
+
+
+def _gather(rng, version, dt, n_inputs):
+    x = _values(rng, (3, 4, 5), dt)
+    return [([x, _indices(rng, (), 4)], {"axis": 1}), ([x, _indices(rng, (2, 3), 3)], {}),
+            ([x, _indices(rng, (6,), 5, np.int32)], {"axis": -1}), ([x, np.array([-1], np.int64)], {"axis": 1}),
+            ([x, np.zeros((0,), np.int64)], {"axis": 2})]
+
+
+def _gather_nd(rng, version, dt, n_inputs):
+    x = _values(rng, (3, 4, 5), dt)
+    cases = [([x, np.stack([_indices(rng, (2, 6), 3), _indices(rng, (2, 6), 4)], -1)], {}),
+             ([x, _indices(rng, (4, 1), 3)], {})]
+    if version >= 12:
+        cases.append(([x, _indices(rng, (3, 2, 1), 4)], {"batch_dims": 1}))
+    return cases
+
+
+def _squeeze(rng, version, dt, n_inputs):
+    x = _values(rng, (1, 3, 1, 4), dt)
+    axes = ([0], [-2], [0, 2])
+    if version >= 13:
+        return [([x, np.array(a, np.int64)], {}) for a in axes] + [([x], {})]
+    return [([x], {"axes": a}) for a in axes] + [([x], {})]
+
+
+def _unsqueeze(rng, version, dt, n_inputs):
+    x = _values(rng, (3, 4), dt)
+    axes = ([0], [-1], [1, 3], [2, 0])
+    if version >= 13:
+        return [([x, np.array(a, np.int64)], {}) for a in axes]
+    return [([x], {"axes": a}) for a in axes]
+
+
+def _expand(rng, version, dt, n_inputs):
+    x = _values(rng, (3, 1), dt)
+    return [([x, np.array(s, np.int64)], {}) for s in ([3, 4], [2, 1, 5], [1], [1, 1])]
+
+
+def _cast(to_types):
+    """Cast to each of to_types the opset allows; floats scaled so that some overflow
+    the small and integer targets."""
+    def cases(rng, version, dt, n_inputs):
+        x = _values(rng, (2, 3, 4), dt, special=True)
+        if dtypes.info(dt).kind == "float":
+            x = (x.astype(np.float32) * 100).astype(x.dtype)
+        allowed = schema_type_param("Cast", version, "T2")
+        return [([x], {"to": int(to)}) for to in to_types if to in allowed]
+    return cases
+
+
+def _cast_like(rng, version, dt, n_inputs):
+    x = _values(rng, (2, 3, 4), dt, special=True)
+    return [([x, _values(rng, (2,), to)], {}) for to in (DataType.FLOAT, DataType.INT8, DataType.FLOAT16,
+                                                          DataType.BOOL, DataType.UINT64)]
+
+
+def _scatter_elements(rng, version, dt, n_inputs):
+    x = _values(rng, (3, 4, 5), dt)
+    reductions = ["none"] + (["add", "mul"] if version >= 16 else []) + (["max", "min"] if version >= 18 else [])
+    out = []
+    for axis, ishape in ((1, (3, 1, 5)), (0, (2, 4, 3)), (-1, (3, 4, 2))):
+        idx = _indices(rng, ishape, x.shape[axis])
+        u = _values(rng, ishape, dt)
+        for red in reductions if version >= 16 else [None]:
+            out.append(([x, idx, u], {"axis": axis} if red is None else {"axis": axis, "reduction": red}))
+    return out
+
+
+def _scatter_nd(rng, version, dt, n_inputs):
+    x = _values(rng, (3, 4, 5), dt)
+    reductions = ["none"] + (["add", "mul"] if version >= 16 else []) + (["max", "min"] if version >= 18 else [])
+    out = []
+    for ishape in ((2, 1), (3, 2), (2, 3)):
+        idx = np.stack([_indices(rng, ishape[:-1], x.shape[j]) for j in range(ishape[-1])], axis=-1)
+        u = _values(rng, ishape[:-1] + x.shape[ishape[-1]:], dt)
+        out += [([x, idx, u], {} if red == "none" else {"reduction": red}) for red in reductions]
+    return out
+
+
+def _where(rng, version, dt, n_inputs):
+    x, y = _values(rng, (2, 3, 4), dt, special=True), _values(rng, (3, 1), dt)
+    cond = rng.integers(0, 2, (2, 1, 4)).astype(bool)
+    return [([cond, x, y], {}), ([cond[0, 0], y, x[0]], {}), ([np.array(True), x, x], {})]
+
+
+def _slice(rng, version, dt, n_inputs):
+    x = _values(rng, (4, 5, 6), dt)
+    specs = [([1], [3], None, None), ([0, -1], [4, 2], [1, 0], None), ([-1, 5], [-100, 0], [2, 1], [-2, -1]),
+             ([2**62], [-2**62], [0], [-1]), ([1, 0], [2**62, 6], [-1, 0], [2, 3])]
+    out = []
+    for st, en, ax, sp in specs:
+        if version < 10:
+            if sp is None:
+                out.append(([x], {"starts": st, "ends": en, **({"axes": ax} if ax else {})}))
+            continue
+        args = [np.array(st, np.int64), np.array(en, np.int64)]
+        if ax is not None:
+            args.append(np.array(ax, np.int64))
+            if sp is not None:
+                args.append(np.array(sp, np.int64))
+        out.append(([x, *args], {}))
+    return out
+
+
+def _split(rng, version, dt, n_inputs):
+    x = _values(rng, (4, 6, 3), dt)
+    cases = [([x], {"axis": 1, "num_outputs": 3} if version >= 18 else {"axis": 1, "split": [2, 2, 2]}),
+             ([x], {"axis": 0, "num_outputs": 3} if version >= 18 else {"axis": 0, "split": [1, 3]})]
+    if version >= 13:
+        cases.append(([x, np.array([1, 4, 1], np.int64)], {"axis": -2}))
+    elif version < 2:
+        cases.append(([x], {"axis": -2, "split": [5, 1]}))
+    else:
+        cases.append(([x], {"axis": -1, "split": [1, 2]}))
+    return cases
+
+
+def _pad(rng, version, dt, n_inputs):
+    """Opset 11+ (pads an input): each mode, negative pads, a constant value, axes."""
+    x = _values(rng, (2, 3, 4), dt)
+    modes = ["constant", "reflect", "edge"] + (["wrap"] if version >= 19 else [])
+    pads = np.array([0, 1, 2, 1, -1, 3], np.int64)
+    out = [([x, pads], {"mode": m}) for m in modes]
+    out.append(([x, pads, _values(rng, (), dt)], {"mode": "constant"}))
+    if version >= 18:
+        out.append(([x, np.array([2, 0, 1, 3], np.int64), _values(rng, (), dt), np.array([-1, 0], np.int64)],
+                    {"mode": "reflect"}))
+    return out if version >= 11 else []
+
+
+def _global_pool(rng, version, dt, n_inputs):
+    """N x C x D1 ... inputs (rank 3 to 5)."""
+    return [([_values(rng, shape, dt, special=True)], {}) for shape in ((2, 3, 4, 5), (1, 2, 7), (1, 2, 2, 3, 2))]
+
+
+def _variadic(rng, version, dt, n_inputs):
+    shapes = [[(2, 3, 4)], [(2, 3, 4)] * 3]
+    if version >= 8:
+        shapes += [[(2, 3, 4), (3, 1)], [(4,), (2, 1, 1), (3, 1)], [(), ()]]
+    return [([_values(rng, s, dt, special=True) for s in ss], {}) for ss in shapes]
+
+
 CASES = {
+    "GlobalAveragePool": _global_pool,
+    "GlobalMaxPool": _global_pool,
+    "GlobalLpPool": _global_pool,
+    "Pad": _pad,
+    "Where": _where,
+    "Slice": _slice,
+    "Split": _split,
+    "Gather": _gather,
+    "GatherND": _gather_nd,
+    "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze,
+    "Expand": _expand,
+    "Cast": _cast((DataType.FLOAT, DataType.DOUBLE, DataType.FLOAT16, DataType.BFLOAT16, DataType.INT8,
+                   DataType.INT32, DataType.INT64, DataType.UINT8, DataType.BOOL, DataType.FLOAT8E4M3FN)),
+    "CastLike": _cast_like,
+    "ScatterElements": _scatter_elements,
+    "Scatter": _scatter_elements,
+    "ScatterND": _scatter_nd,
+    "Max": _variadic,
+    "Min": _variadic,
+    "Sum": _variadic,
+    "Mean": _variadic,
     "Softmax": _rows,
     "LogSoftmax": _rows,
     "Hardmax": _rows,
@@ -210,7 +383,8 @@ def _check_same(kernel, inputs, attrs) -> bool:
     tensors = [kernel.tensor(x) for x in inputs]
     with np.errstate(all="ignore"):  # NaN and infinities are among the inputs
         want = kernel(*tensors, **attrs)
-    want = (want if isinstance(want, Tensor) else want[0]).array
+    several = not isinstance(want, Tensor) and kernel.op_type == "Split"  # a tuple, one per output
+    wants = [t.array for t in want] if several else [(want if isinstance(want, Tensor) else want[0]).array]
     fn = kernel.array_function(tensors, dict(attrs))
     if fn is None:
         return False
@@ -222,11 +396,16 @@ def _check_same(kernel, inputs, attrs) -> bool:
     except Exception as exc:  # noqa: BLE001 -- named in the failure
         pytest.fail(f"{where}: the array function raised {type(exc).__name__}: {exc} "
                     f"where the kernel succeeded")
-    assert got.__class__ is want.__class__, f"{where}: array class {got.__class__} != {want.__class__}"
-    assert got.dtype == want.dtype and got.shape == want.shape, \
-        f"{where}: {got.dtype}{list(got.shape)} != the kernel's {want.dtype}{list(want.shape)}"
-    g, w = _host(got), _host(want)
-    assert g.tobytes() == w.tobytes(), f"{where}: values differ from the kernel's\n{g}\n{w}"
+    if several:
+        assert got.__class__ is tuple and len(got) == len(wants), \
+            f"{where}: {type(got).__name__} of {len(got)} for {len(wants)} outputs"
+    gots = got if several else (got,)
+    for got, want in zip(gots, wants):
+        assert got.__class__ is want.__class__, f"{where}: array class {got.__class__} != {want.__class__}"
+        assert got.dtype == want.dtype and got.shape == want.shape, \
+            f"{where}: {got.dtype}{list(got.shape)} != the kernel's {want.dtype}{list(want.shape)}"
+        g, w = _host(got), _host(want)
+        assert g.tobytes() == w.tobytes(), f"{where}: values differ from the kernel's\n{g}\n{w}"
     return True
 
 
@@ -257,4 +436,92 @@ def test_array_function_equals_kernel(domain, op, device):
 def test_the_registry_has_array_functions():
     """The introspection finds the kernels known to define one (it is not empty)."""
     ops = {p.values[1] for p in _with_array_functions()}
-    assert {"Add", "Div", "Relu", "Sqrt", "Tanh", "MatMul", "Gemm", "Clip", "Conv"} <= ops
+    assert {"Add", "Div", "Relu", "Sqrt", "Tanh", "MatMul", "Gemm", "Clip", "Conv", "Gather", "Cast",
+            "Unsqueeze", "Squeeze", "Expand", "ScatterElements", "ScatterND", "Max", "Slice", "Split",
+            "Where", "Equal", "Greater", "IsNaN", "Pad", "GatherND", "And", "Not"} <= ops
+
+
+# ------------------------------------------ values the recorded call did not have
+
+
+def _kernel(op, version):
+    return lookup(op, "", version)[0](KernelContext("cpu"), version)
+
+
+def _tensors(*arrays):
+    return [Tensor.wrap(a, dtypes.from_numpy(a.dtype).data_type) for a in arrays]
+
+
+def test_array_functions_raise_where_the_kernel_would_differ_or_refuse():
+    """An index out of range, or shape-like values other than the recorded call's, raise
+    (the runtime then redoes the node through the kernel), never a wrong result."""
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    gather = _kernel("Gather", 13).array_function(_tensors(x, np.int64(1)), {"axis": 1})
+    for bad in (np.int64(3), np.int64(-4)):
+        with pytest.raises(Exception, match="out of range"):
+            gather(x, bad)
+    assert gather(x, np.int64(-1)).tolist() == x[:, 2].tolist()
+    idx, upd = np.zeros((2, 1, 4), np.int64), np.ones((2, 1, 4), np.float32)
+    scatter = _kernel("ScatterElements", 18).array_function(_tensors(x, idx, upd), {"axis": 1})
+    with pytest.raises(Exception, match="out of range"):
+        scatter(x, idx + 3, upd)
+    guarded = [("Reshape", 14, [x, np.int64([4, -1])], {}, [np.int64([-1, 4])]),
+               ("Unsqueeze", 13, [x, np.int64([0])], {}, [np.int64([1])]),
+               ("Squeeze", 13, [x[:1], np.int64([0])], {}, [np.int64([-3])]),
+               ("Expand", 13, [x, np.int64([2, 1, 1])], {}, [np.int64([1, 1, 1])]),
+               ("Slice", 13, [x, np.int64([0]), np.int64([2])], {}, [np.int64([1]), np.int64([2])]),
+               ("Split", 18, [x, np.int64([1, 2])], {"axis": 1}, [np.int64([2, 1])]),
+               ("Pad", 18, [x, np.int64([0, 1, 1, 0]), np.float32(2), np.int64([0, 2])], {},
+                [np.int64([1, 0, 1, 0]), np.float32(2), np.int64([0, 2])])]
+    for op, version, inputs, attrs, other in guarded:
+        fn = _kernel(op, version).array_function(_tensors(*inputs), attrs)
+        fn(*inputs)
+        with pytest.raises(ValueError, match=f"{op}: .* (is|are) not the compiled"):
+            fn(inputs[0], *other)
+
+
+def test_compiled_graphs_run_these_nodes_as_arrays():
+    """A Session's compiled plan runs Gather, Split (several outputs, one omitted),
+    Unsqueeze, Slice, Where, Cast, Max, Greater, ScatterElements, Pad (a trailing omitted
+    input) and And as array functions,
+    bitwise equal to the general path; an index out of range at run time still raises
+    the kernel's error."""
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+
+    from gpukernels.errors import GpuKernelsError
+    from gpukernels.runtime import Session
+    from tests.graphs import init, model_of, vi
+
+    nodes = [
+        oh.make_node("Gather", ["x", "t"], ["row"], axis=1),                     # [2, 6]
+        oh.make_node("Split", ["row", "sizes"], ["a", "", "c"], axis=1),         # [2,1], -, [2,3]
+        oh.make_node("Unsqueeze", ["c", "ax1"], ["c3"]),                         # [2, 1, 3]
+        oh.make_node("Slice", ["x", "st", "en", "ax"], ["xs"]),                  # [1, 5, 6]
+        oh.make_node("Greater", ["a", "zero"], ["pos"]),
+        oh.make_node("Where", ["pos", "c", "a"], ["w"]),
+        oh.make_node("Cast", ["w"], ["w64"], to=TP.DOUBLE),
+        oh.make_node("Max", ["w", "c"], ["m"]),
+        oh.make_node("ScatterElements", ["x", "si", "c3"], ["sc"], axis=1),
+        oh.make_node("Pad", ["sc", "pads", ""], ["padded"]),                     # trailing omitted input
+        oh.make_node("And", ["pos", "pos"], ["both"]),
+        oh.make_node("Cast", ["both"], ["both_f"], to=TP.FLOAT),
+    ]
+    model = model_of(
+        nodes, [vi("x", TP.FLOAT, [2, 5, 6]), vi("t", TP.INT64, [])],
+        [vi(n, TP.FLOAT, None) for n in ("c3", "xs", "m", "padded", "both_f")] + [vi("w64", TP.DOUBLE, None)],
+        [init("sizes", np.int64([1, 2, 3])), init("ax", np.int64([0])), init("ax1", np.int64([1])),
+         init("st", np.int64([1])),
+         init("en", np.int64([9])), init("zero", np.float32(0)), init("si", np.int64([[[4, 0, 2]], [[1, 1, 3]]])),
+         init("pads", np.int64([0, 1, 0, 0, 0, 2]))])
+    rng = np.random.default_rng(15)
+    compiled, general = Session(model), Session(model, options={"compile_graph": False})
+    for step in range(4):
+        feeds = {"x": rng.standard_normal((2, 5, 6)).astype(np.float32), "t": np.int64(step - 2)}
+        for got, want in zip(compiled.run(None, feeds), general.run(None, feeds)):
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    (program,) = [p for p in compiled._compiled.programs.values() if p is not None]
+    codes = [op[0] for op in program.ops]
+    assert 0 not in codes and 5 in codes, codes  # no kernel calls; Split's several outputs
+    with pytest.raises(GpuKernelsError, match="Gather.*out of range"):
+        compiled.run(None, {"x": feeds["x"], "t": np.int64(5)})

@@ -8,12 +8,15 @@ decode the float8 types exactly; types without infinities never report one.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...dtypes import DataType
 from ..base import KernelBase, register
 from ..math._elementwise import BinaryKernel
 from ..math._mathcommon import legacy_broadcast
+from ..math.arith import compute_array_function, native_compute
 
 
 class _Logical(KernelBase):
@@ -30,6 +33,10 @@ class _Logical(KernelBase):
                 raise self.error("shapes do not broadcast", A=a, B=b) from None
             barr = b.array
         return self.result(self.function(self.xp, a.array, barr), DataType.BOOL)
+
+    def array_function(self, inputs, attrs):
+        """Opset 7+ (NumPy broadcasting): function bound to xp."""
+        return functools.partial(self.function, self.xp) if self.since_version >= 7 else None
 
 
 @register()
@@ -60,6 +67,9 @@ class Not(KernelBase):
         self.check_inputs(x)
         return self.result(self.xp.logical_not(x.array), DataType.BOOL)
 
+    def array_function(self, inputs, attrs):
+        return self.xp.logical_not
+
 
 @register()
 class IsNaN(KernelBase):
@@ -67,6 +77,10 @@ class IsNaN(KernelBase):
         x = self.tensor(X, "X")
         self.check_inputs(x)
         return self.result(self.xp.isnan(self.to_compute(x)), DataType.BOOL)
+
+    def array_function(self, inputs, attrs):
+        """An input computed in its own type: xp.isnan itself."""
+        return self.xp.isnan if len(inputs) == 1 and native_compute(inputs) else None
 
 
 @register()
@@ -90,6 +104,7 @@ class IsInf(KernelBase):
 @register()
 class GreaterOrEqual(BinaryKernel):
     output_type = DataType.BOOL
+    array_function = compute_array_function
 
     def compute(self, xp, a, b):
         return xp.greater_equal(a, b)
@@ -98,6 +113,7 @@ class GreaterOrEqual(BinaryKernel):
 @register()
 class LessOrEqual(BinaryKernel):
     output_type = DataType.BOOL
+    array_function = compute_array_function
 
     def compute(self, xp, a, b):
         return xp.less_equal(a, b)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dtypes import DataType
+from ...tensor import Tensor
 from ...xp import to_host
 from ..base import KernelBase, register
 
@@ -30,3 +31,10 @@ class Where(KernelBase):
             return self.result(np.asarray(out, dtype=object).reshape(shape), DataType.STRING)
         out = self.xp.where(c.array, x.array, y.array)
         return self.result(out, x.data_type)
+
+    def array_function(self, inputs, attrs):
+        """Non-string values: xp.where on the stored arrays, as above."""
+        if len(inputs) != 3 or any(t.__class__ is not Tensor for t in inputs) \
+                or inputs[1].data_type == DataType.STRING:
+            return None
+        return self.xp.where

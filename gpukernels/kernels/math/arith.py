@@ -13,6 +13,8 @@ The elementwise kernels of unary.py and trig.py follow the same pattern.
 
 from __future__ import annotations
 
+import functools
+
 from ...tensor import Tensor
 from ..base import _NATIVE_COMPUTE, register
 from ._elementwise import BinaryKernel, UnaryKernel
@@ -38,6 +40,15 @@ def array_op_function(kernel, inputs, attrs):
     if isinstance(kernel, BinaryKernel) and kernel.since_version < 7 and not kernel.domain:
         return None
     return kernel.array_op(kernel.xp, inputs[0].array.dtype)
+
+
+def compute_array_function(kernel, inputs, attrs):
+    """The array function of a binary kernel whose math is ``compute(xp, a, b)`` with
+    no attributes and whose result needs no rounding (comparisons: BOOL): compute bound
+    to xp, on array_op_function's conditions."""
+    if not native_compute(inputs) or (kernel.since_version < 7 and not kernel.domain):
+        return None
+    return functools.partial(kernel.compute, kernel.xp)
 
 
 class ArrayOpBinary(BinaryKernel):

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..base import KernelBase, register
 from ._mathcommon import broadcast_shape
+from .arith import native_compute
 
 
 class _Variadic(KernelBase):
@@ -27,15 +28,28 @@ class _Variadic(KernelBase):
             shape = ts[0].shape
         else:
             shape = broadcast_shape(self, named)
-        xp = self.xp
         arrays = [self.to_compute(t) for t in ts]
         with np.errstate(all="ignore"):
-            y = self.combine(xp, arrays)
+            y = self.values(self.xp, arrays, shape)
+        return self.from_compute(y, ts[0].data_type)
+
+    def values(self, xp, arrays, shape):
+        """The result in the compute type: combine() broadcast to shape, a new array."""
+        y = self.combine(xp, arrays)
         if y.shape != shape:
             y = xp.broadcast_to(y, shape)
         if len(arrays) == 1 or not y.flags.owndata:
             y = xp.array(y, copy=True)
-        return self.from_compute(y, ts[0].data_type)
+        return y
+
+    def array_function(self, inputs, attrs):
+        """Opset 8+, every input computed in its own type: values() for the
+        recorded (broadcast) shape."""
+        if self.since_version < 8 or not inputs or not native_compute(inputs):
+            return None
+        shape = np.broadcast_shapes(*[t.shape for t in inputs])
+        xp, values = self.xp, self.values
+        return lambda *arrays: values(xp, arrays, shape)
 
 
 def _fold(ufunc, arrays):

@@ -35,7 +35,7 @@ import numpy as np
 from ... import codec, dtypes
 from ...dtypes import DataType
 from ...tensor import Tensor
-from ...xp import to_device, to_host
+from ...xp import to_device
 from ..base import KernelBase, register
 from ._common import deliver, schema_type_param
 
@@ -207,6 +207,13 @@ class Cast(KernelBase):
         _check_round_mode(self, round_mode)
         return deliver(self, cast_tensor(self, x, dt, bool(saturate), round_mode), out)
 
+    def array_function(self, inputs, attrs):
+        """Non-string source and target: cast_tensor on the stored array."""
+        if len(inputs) != 1 or inputs[0].__class__ is not Tensor:
+            return None
+        dt = _target_type(self, attrs.get("to"))
+        return _cast_function(self, inputs[0].data_type, dt, attrs)
+
 
 @register()
 class CastLike(KernelBase):
@@ -219,6 +226,24 @@ class CastLike(KernelBase):
         self.check_inputs(x, like)
         _check_round_mode(self, round_mode)
         return deliver(self, cast_tensor(self, x, like.data_type, bool(saturate), round_mode), out)
+
+    def array_function(self, inputs, attrs):
+        """As Cast's; the target type's array is passed and not read."""
+        if len(inputs) != 2 or any(t.__class__ is not Tensor for t in inputs):
+            return None
+        fn = _cast_function(self, inputs[0].data_type, inputs[1].data_type, attrs)
+        return None if fn is None else (lambda x, target_type: fn(x))
+
+
+def _cast_function(kernel, src: DataType, to: DataType, attrs: dict):
+    """Compiled graphs: array -> cast_tensor(...) array of a src tensor, with the
+    attributes resolved; None for STRING on either side (host object arrays)."""
+    if DataType.STRING in (src, to):
+        return None
+    saturate, round_mode = bool(attrs.get("saturate", 1)), attrs.get("round_mode", "up")
+    _check_round_mode(kernel, round_mode)
+    wrap = Tensor.wrap
+    return lambda x: cast_tensor(kernel, wrap(x, src), to, saturate, round_mode).array
 
 
 @register()

@@ -8,7 +8,6 @@ raises a KernelInputError naming the operator, the bad value and the axis size.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -26,12 +25,14 @@ from ._common import deliver, host_ints, norm_axis, on, product, xp_for
 
 def checked_indices(kernel, xp, idx, size: int, what: str = "indices", **inputs):
     """idx (int32/int64 array) with negatives wrapped, after checking -size <= i < size."""
-    lo = 0
-    if idx.size:
+    lo = hi = 0
+    if idx.size == 1:  # one index (a time step, a row): no reductions
+        lo = hi = int(idx.reshape(-1)[0])
+    elif idx.size:
         lo, hi = int(idx.min()), int(idx.max())
-        if lo < -size or hi >= size:
-            bad = lo if lo < -size else hi
-            raise kernel.error(f"{what} value {bad} is out of range for an axis of size {size}", **inputs)
+    if idx.size and (lo < -size or hi >= size):
+        bad = lo if lo < -size else hi
+        raise kernel.error(f"{what} value {bad} is out of range for an axis of size {size}", **inputs)
     idx = idx.astype(xp.int64) if idx.dtype != np.int64 else idx
     if lo < 0:
         idx = xp.where(idx < 0, idx + size, idx)
@@ -50,15 +51,30 @@ class Gather(KernelBase):
         if x.ndim == 0:
             raise self.error("data must have rank >= 1", data=x, indices=i)
         ax = norm_axis(self, axis, x.ndim, data=x, indices=i)
-        xp = xp_for(self, x)
-        idx = checked_indices(self, xp, on(xp, i.array), x.shape[ax], data=x, indices=i)
-        fast = self.specialized("Gather.take", x.array, idx, ax)
-        res = fast(x.array, idx, ax) if fast is not None else xp.take(x.array, idx, axis=ax)
+        res = self.take(xp_for(self, x), x.array, i.array, ax, data=x, indices=i)
         return deliver(self, Tensor.wrap(res, x.data_type), out)
+
+    def take(self, xp, array, idx, ax: int, **inputs):
+        """array's entries at the checked indices idx along axis ax (inputs: for errors)."""
+        idx = checked_indices(self, xp, on(xp, idx), array.shape[ax], **inputs)
+        fast = self.specialized("Gather.take", array, idx, ax)
+        return fast(array, idx, ax) if fast is not None else xp.take(array, idx, axis=ax)
+
+    def array_function(self, inputs, attrs):
+        """Non-string data: take() along the resolved axis (an index out of range
+        raises, and the runtime redoes the node through the kernel)."""
+        if (len(inputs) != 2 or any(t.__class__ is not Tensor for t in inputs)
+                or inputs[0].data_type == DataType.STRING or inputs[0].ndim == 0):
+            return None
+        ax = norm_axis(self, attrs.get("axis", 0), inputs[0].ndim)
+        xp, take = xp_for(self, inputs[0]), self.take
+        return lambda data, indices: take(xp, data, indices, ax)
 
 
 def _take_bytes(data, idx, ax) -> int:
-    return math.prod(data.shape[:ax] + idx.shape + data.shape[ax + 1:]) * data.itemsize
+    """The output's size in bytes (an axis of size 0 takes no index)."""
+    n = data.shape[ax]
+    return idx.size * (data.size // n) * data.itemsize if n else 0
 
 
 @specialize("Gather.take", device="cpu", ops=("Gather",),
@@ -141,18 +157,31 @@ class GatherND(KernelBase):
         k = i.shape[-1]
         if not 1 <= k <= r - b:
             raise self.error(f"indices.shape[-1] = {k} must be in [1, {r - b}]", **named)
-        xp = xp_for(self, x)
-        batch = product(x.shape[:b])
-        inner = x.shape[b:b + k]
-        rest = x.shape[b + k:]
-        out_shape = i.shape[:-1] + rest
-        idx = on(xp, i.array).reshape(batch, -1, k)
+        return Tensor.wrap(self.gathered(xp_for(self, x), x.array, i.array, b, **named), x.data_type)
+
+    def gathered(self, xp, array, idx, b: int, **named):
+        """The result for validated inputs (data and indices arrays; named: for errors)."""
+        k = idx.shape[-1]
+        batch = product(array.shape[:b])
+        inner = array.shape[b:b + k]
+        rest = array.shape[b + k:]
+        out_shape = idx.shape[:-1] + rest
+        idx = on(xp, idx).reshape(batch, -1, k)
         if idx.shape[1] == 0 or batch == 0:
-            return Tensor.wrap(xp.empty(out_shape, dtype=x.array.dtype), x.data_type)
+            return xp.empty(out_shape, dtype=array.dtype)
         lin = nd_linear_index(self, xp, idx, inner, **named)  # (batch, M)
-        src = x.array.reshape((batch, product(inner)) + rest)
+        src = array.reshape((batch, product(inner)) + rest)
         res = src[xp.arange(batch)[:, None], lin]
-        return Tensor.wrap(res.reshape(out_shape), x.data_type)
+        return res.reshape(out_shape)
+
+    def array_function(self, inputs, attrs):
+        """Non-string data: gathered() for the recorded batch_dims (an index out of
+        range raises, and the runtime redoes the node through the kernel)."""
+        if (len(inputs) != 2 or any(t.__class__ is not Tensor for t in inputs)
+                or inputs[0].data_type == DataType.STRING):
+            return None
+        b, xp, gathered = int(attrs.get("batch_dims", 0)), xp_for(self, inputs[0]), self.gathered
+        return lambda data, indices: gathered(xp, data, indices, b)
 
 
 @register()

@@ -97,6 +97,11 @@ class Pad(KernelBase):
             if not tc.is_absent and tc.size != 1:
                 raise self.error("constant_value must hold one value", data=x, constant_value=tc)
             fill = tc
+        before, after = self._sides(x, p, ax, **named)
+        return Tensor.wrap(self.pad_array(x, before, after, mode, fill), x.data_type)
+
+    def _sides(self, x: Tensor, p: list, ax: list, **named) -> tuple:
+        """(before, after) pads per axis of x from pads p over the axes ax."""
         if len(p) != 2 * len(ax):
             raise self.error(f"pads has {len(p)} values; expected {2 * len(ax)} (begin and end for "
                              f"{len(ax)} axes)", data=x, **named)
@@ -104,7 +109,33 @@ class Pad(KernelBase):
         after = [0] * x.ndim
         for k, a in enumerate(ax):
             before[a], after[a] = p[k], p[k + len(ax)]
-        return Tensor.wrap(self.pad_array(x, before, after, mode, fill), x.data_type)
+        return before, after
+
+    def array_function(self, inputs, attrs):
+        """Opset 11+, non-string data, every input present: pad_array for the recorded
+        pads and axes values (other values raise: the runtime then redoes the node
+        through the kernel); constant_value is read on every call."""
+        if (self.since_version < 11 or not 2 <= len(inputs) <= 4
+                or any(t.__class__ is not Tensor or t.is_absent for t in inputs)
+                or inputs[0].data_type == DataType.STRING):
+            return None
+        x = inputs[0]
+        pads = host_ints(self, inputs[1], "pads")
+        axes = host_ints(self, inputs[3], "axes") if len(inputs) == 4 else None
+        ax = list(range(x.ndim)) if axes is None else norm_axes(self, axes, x.ndim, data=x)
+        before, after = self._sides(x, pads, ax)
+        mode = attrs.get("mode", "constant")
+        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        dt, wrap, pad_array = x.data_type, Tensor.wrap, self.pad_array
+        fill_type = inputs[2].data_type if len(inputs) > 2 else None
+
+        def pad(data, given_pads, *rest):
+            if given_pads.tolist() != pads or (axes is not None and rest[-1].tolist() != axes):
+                raise ValueError(f"Pad: pads {given_pads.tolist()} or axes are not the compiled {pads}, {axes}")
+            fill = wrap(rest[0], fill_type) if fill_type is not None else Tensor()
+            return pad_array(wrap(data, dt), before, after, mode, fill)
+
+        return pad
 
     def pad_array(self, x: Tensor, before, after, mode, fill):
         xp = xp_for(self, x)

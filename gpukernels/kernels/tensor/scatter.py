@@ -125,23 +125,49 @@ class _ScatterElementsBase(KernelBase):
         for d in range(x.ndim):
             if d != ax and i.shape[d] > x.shape[d]:
                 raise self.error(f"indices dimension {d} ({i.shape[d]}) exceeds data's ({x.shape[d]})", **named)
+        return self.scattered(x, i.array, u, ax, red, **named)
+
+    def scattered(self, x: Tensor, idx, u: Tensor, ax: int, red: str, offsets=None, **named) -> Tensor:
+        """The result for validated inputs (idx: the indices' array; offsets: what
+        element_offsets gives for these shapes, when known; named: for errors)."""
         xp = xp_for(self, x)
-        idx = checked_indices(self, xp, on(xp, i.array), x.shape[ax], **named)
+        idx = checked_indices(self, xp, on(xp, idx), x.shape[ax], **named)
         if idx.size == 0:
             return Tensor.wrap(x.array.copy(), x.data_type)
-        strides = np.cumprod((x.shape[1:] + (1,))[::-1])[::-1]
-        lin = None
-        for d in range(x.ndim):
-            if d == ax:
-                coord = idx
-            else:
-                shape = [1] * x.ndim
-                shape[d] = i.shape[d]
-                coord = xp.arange(i.shape[d], dtype=xp.int64).reshape(shape)
-            term = coord * int(strides[d])
-            lin = term if lin is None else lin + term
-        lin = xp.broadcast_to(lin, i.shape).reshape(-1)
-        return _apply(self, x, u, lin, red)
+        base, stride = offsets if offsets is not None else element_offsets(xp, x.shape, idx.shape, ax)
+        lin = idx * stride if base is None else idx * stride + base
+        return _apply(self, x, u, lin.reshape(-1), red)
+
+    def scatter_function(self, inputs, axis, reduction):
+        """Compiled graphs: (data, indices, updates) arrays -> scattered()'s array, with
+        the axis and reduction of a validated call resolved."""
+        if len(inputs) != 3 or any(t.__class__ is not Tensor for t in inputs):
+            return None
+        x = inputs[0]
+        ax, red = norm_axis(self, axis, x.ndim), _reduction(self, reduction)
+        offsets = element_offsets(xp_for(self, x), x.shape, inputs[1].shape, ax)
+        dt, wrap, scattered = x.data_type, Tensor.wrap, self.scattered
+        return lambda data, indices, updates: scattered(wrap(data, dt), indices, wrap(updates, dt),
+                                                        ax, red, offsets).array
+
+
+def element_offsets(xp, shape: tuple, idx_shape: tuple, ax: int):
+    """(base, stride) such that idx * stride + base (base None: 0) are the flat offsets,
+    into a C-ordered array of shape, of the elements ScatterElements' indices of shape
+    idx_shape address along axis ax: base sums the other axes' coordinate * stride,
+    broadcast to idx_shape.  It depends on the shapes only."""
+    strides = np.cumprod((tuple(shape[1:]) + (1,))[::-1])[::-1]
+    base = None
+    for d in range(len(shape)):
+        if d == ax:
+            continue
+        view = [1] * len(shape)
+        view[d] = idx_shape[d]
+        term = xp.arange(idx_shape[d], dtype=xp.int64).reshape(view) * int(strides[d])
+        base = term if base is None else base + term
+    if base is not None:
+        base = xp.ascontiguousarray(xp.broadcast_to(base, idx_shape))
+    return base, int(strides[ax])
 
 
 @register()
@@ -152,6 +178,9 @@ class ScatterElements(_ScatterElementsBase):
     def __call__(self, data, indices, updates, axis=0, reduction="none"):
         return self.scatter(data, indices, updates, axis, reduction)
 
+    def array_function(self, inputs, attrs):
+        return self.scatter_function(inputs, attrs.get("axis", 0), attrs.get("reduction", "none"))
+
 
 @register()
 class Scatter(_ScatterElementsBase):
@@ -159,6 +188,9 @@ class Scatter(_ScatterElementsBase):
 
     def __call__(self, data, indices, updates, axis=0):
         return self.scatter(data, indices, updates, axis, "none")
+
+    def array_function(self, inputs, attrs):
+        return self.scatter_function(inputs, attrs.get("axis", 0), "none")
 
 
 @register()
@@ -183,18 +215,31 @@ class ScatterND(KernelBase):
             raise self.error(f"updates must have shape {list(want)}", **named)
         if u.data_type != x.data_type:
             raise self.type_error("updates must have data's element type", **named)
+        return self.scattered(x, i.array, u, red, **named)
+
+    def scattered(self, x: Tensor, idx, u: Tensor, red: str, **named) -> Tensor:
+        """The result for validated inputs (idx: the indices' array; named: for errors)."""
         xp = xp_for(self, x)
-        m = product(i.shape[:-1])
+        k = idx.shape[-1]
+        m = product(idx.shape[:-1])
         s = product(x.shape[k:])
         if m == 0 or s == 0:
             return Tensor.wrap(x.array.copy(), x.data_type)
-        rows = nd_linear_index(self, xp, on(xp, i.array).reshape(m, k), x.shape[:k], **named)
+        rows = nd_linear_index(self, xp, on(xp, idx).reshape(m, k), x.shape[:k], **named)
         if red == "none":
             out = copy_array(x.array)  # host: a threaded copy
             _assign_rows(self, xp, out.reshape(-1, s), rows, u.array.reshape(m, s))
             return Tensor.wrap(out, x.data_type)
         flat = (rows[:, None] * s + xp.arange(s, dtype=xp.int64)[None, :]).reshape(-1)
         return _reduce(self, xp, x, u, flat, red)
+
+    def array_function(self, inputs, attrs):
+        """Compiled graphs: (data, indices, updates) arrays -> scattered()'s array."""
+        if len(inputs) != 3 or any(t.__class__ is not Tensor for t in inputs):
+            return None
+        red = _reduction(self, attrs.get("reduction", "none"))
+        dt, wrap, scattered = inputs[0].data_type, Tensor.wrap, self.scattered
+        return lambda data, indices, updates: scattered(wrap(data, dt), indices, wrap(updates, dt), red).array
 
 
 @register()

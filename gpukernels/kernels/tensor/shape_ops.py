@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import dtypes
 from ...dtypes import DataType
 from ...limits import check_allocation
 from ...tensor import Tensor
@@ -17,6 +16,27 @@ from ..base import KernelBase, register
 from ._common import deliver, host_ints, norm_axes, norm_axis, permuted_copy, product, xp_for
 
 INT64_MAX = 2 ** 63 - 1
+
+
+def values_guarded(op: str, guards: dict, apply):
+    """An array function (data, *given) -> apply(data) for the recorded call's host
+    values of the inputs after data ({name: values}, in input order: shape, axes,
+    starts...): the output's shape depends on them, not only on the inputs' shapes, so
+    other values raise and the runtime redoes the node through the kernel.  Inputs given
+    as attributes (older opsets) are not passed."""
+    names, recorded = tuple(guards), tuple(guards.values())
+
+    def fn(data, *given):
+        for name, want, got in zip(names, recorded, given):
+            if got.tolist() != want:
+                raise ValueError(f"{op}: {name} {got.tolist()} is not the compiled {want}")
+        return apply(data)
+
+    return fn
+
+
+def _all_tensors(inputs) -> bool:
+    return all(t.__class__ is Tensor for t in inputs)
 
 
 def _zero_fill(t: Tensor, xp, shape):
@@ -57,13 +77,7 @@ class Reshape(KernelBase):
         x, s = inputs
         dims = host_ints(self, s, "shape")
         out = self.output_shape(x, dims, bool(attrs.get("allowzero", 0)), shape=s)
-
-        def reshape(data, shape):
-            if shape.tolist() != dims:
-                raise ValueError(f"Reshape: shape {shape.tolist()} is not the compiled {dims}")
-            return data.reshape(out)
-
-        return reshape
+        return values_guarded("Reshape", {"shape": dims}, lambda data: data.reshape(out))
 
     def output_shape(self, x: Tensor, dims: list[int], allowzero: bool, **inputs) -> tuple:
         if allowzero and 0 in dims and -1 in dims:
@@ -133,6 +147,10 @@ class Squeeze(KernelBase):
         else:
             self.check_inputs(x)
             ax = None if axes is None else [int(v) for v in axes]
+        return Tensor.wrap(x.array.reshape(self.output_shape(x, ax)), x.data_type)
+
+    def output_shape(self, x: Tensor, ax) -> tuple:
+        """x's shape without the axes ax (None: every size-1 axis)."""
         if ax is None:
             ax = [i for i, d in enumerate(x.shape) if d == 1]
         else:
@@ -140,8 +158,23 @@ class Squeeze(KernelBase):
             bad = [a for a in ax if x.shape[a] != 1]
             if bad:
                 raise self.error(f"cannot squeeze axes {bad}: their size is not 1", data=x)
-        keep = tuple(d for i, d in enumerate(x.shape) if i not in ax)
-        return Tensor.wrap(x.array.reshape(keep), x.data_type)
+        return tuple(d for i, d in enumerate(x.shape) if i not in ax)
+
+    def array_function(self, inputs, attrs):
+        """data.reshape(out) for the recorded axes (guarded: see values_guarded)."""
+        if not inputs or not _all_tensors(inputs) or inputs[0].data_type == DataType.STRING:
+            return None
+        x, guards = inputs[0], {}
+        if self.since_version >= 13:
+            if len(inputs) > 1 and inputs[1].is_absent:
+                return None  # the runtime passes no array for an absent input
+            ax = host_ints(self, inputs[1], "axes") if len(inputs) > 1 else None
+            if ax is not None:
+                guards["axes"] = ax
+        else:
+            ax = None if attrs.get("axes") is None else [int(v) for v in attrs["axes"]]
+        out = self.output_shape(x, ax)
+        return values_guarded("Squeeze", guards, lambda data: data.reshape(out))
 
 
 @register()
@@ -160,12 +193,32 @@ class Unsqueeze(KernelBase):
             if axes is None:
                 raise self.error("attribute 'axes' is required", data=x)
             ax = [int(v) for v in axes]
+        return Tensor.wrap(x.array.reshape(self.output_shape(x, ax)), x.data_type)
+
+    def output_shape(self, x: Tensor, ax: list) -> tuple:
+        """x's shape with size-1 axes at the output positions ax."""
         r = x.ndim + len(ax)
         ax = norm_axes(self, ax, r, data=x)
         shape = list(x.shape)
         for a in sorted(ax):
             shape.insert(a, 1)
-        return Tensor.wrap(x.array.reshape(shape), x.data_type)
+        return tuple(shape)
+
+    def array_function(self, inputs, attrs):
+        """data.reshape(out) for the recorded axes (guarded: see values_guarded)."""
+        if not inputs or not _all_tensors(inputs) or inputs[0].data_type == DataType.STRING:
+            return None
+        if self.since_version >= 13:
+            if len(inputs) != 2:
+                return None
+            ax = host_ints(self, inputs[1], "axes")
+            guards = {"axes": ax}
+        elif attrs.get("axes") is None:
+            return None
+        else:
+            ax, guards = [int(v) for v in attrs["axes"]], {}
+        out = self.output_shape(inputs[0], ax)
+        return values_guarded("Unsqueeze", guards, lambda data: data.reshape(out))
 
 
 def broadcast_shapes(kernel, a, b, **inputs) -> tuple:
@@ -196,12 +249,32 @@ class Expand(KernelBase):
         if s.ndim != 1:
             raise self.error("'shape' must be 1-D", input=x, shape=s)
         dims = host_ints(self, s, "shape")
+        out = self.output_shape(x, dims, shape=s)
+        return Tensor.wrap(_expanded(xp_for(self, x), x.array, out), x.data_type)
+
+    def output_shape(self, x: Tensor, dims: list, **inputs) -> tuple:
+        """The checked broadcast of x's shape and dims (within max_tensor_bytes)."""
         if any(d < 0 for d in dims):
-            raise self.error(f"negative dimension in shape {dims}", input=x, shape=s)
-        out = broadcast_shapes(self, x.shape, dims, input=x, shape=s)
+            raise self.error(f"negative dimension in shape {dims}", input=x, **inputs)
+        out = broadcast_shapes(self, x.shape, dims, input=x, **inputs)
         check_allocation(self, out, x.array.dtype)
+        return out
+
+    def array_function(self, inputs, attrs):
+        """The contiguous broadcast to the recorded shape values (guarded: see
+        values_guarded)."""
+        if len(inputs) != 2 or not _all_tensors(inputs) or inputs[0].data_type == DataType.STRING:
+            return None
+        x, s = inputs
+        dims = host_ints(self, s, "shape")
+        out = self.output_shape(x, dims, shape=s)
         xp = xp_for(self, x)
-        return Tensor.wrap(xp.ascontiguousarray(xp.broadcast_to(x.array, out)), x.data_type)
+        return values_guarded("Expand", {"shape": dims}, lambda data: _expanded(xp, data, out))
+
+
+def _expanded(xp, array, shape):
+    """A contiguous copy of array broadcast to shape."""
+    return xp.ascontiguousarray(xp.broadcast_to(array, shape))
 
 
 @register()
@@ -345,6 +418,11 @@ class Split(KernelBase):
         if x.ndim == 0:
             raise self.error("cannot split a scalar", input=x)
         ax = norm_axis(self, axis, x.ndim, input=x)
+        sizes = self.part_sizes(x, ax, sizes, num_outputs)
+        return [Tensor.wrap(part, x.data_type) for part in _parts(xp_for(self, x), x.array, ax, sizes)]
+
+    def part_sizes(self, x: Tensor, ax: int, sizes, num_outputs) -> list:
+        """The checked sizes of the parts: the given sizes, or equal parts (see above)."""
         dim = x.shape[ax]
         n_out = len(self.requested_outputs) if self.requested_outputs else None
         if sizes is not None:
@@ -372,14 +450,34 @@ class Split(KernelBase):
                 sizes = [dim // n] * n
         if n_out is not None and len(sizes) != n_out:
             raise self.error(f"{len(sizes)} parts for a node with {n_out} outputs", input=x)
+        return sizes
+
+    def array_function(self, inputs, attrs):
+        """Non-string input: the parts for the recorded sizes, a tuple of arrays (one
+        per output; a split input guarded: see values_guarded)."""
+        if (not inputs or not _all_tensors(inputs) or inputs[0].data_type == DataType.STRING
+                or any(t.is_absent for t in inputs[1:])):
+            return None
+        x, guards = inputs[0], {}
+        if len(inputs) > 1:
+            given = guards["split"] = host_ints(self, inputs[1], "split")
+        else:
+            given = None if attrs.get("split") is None else [int(v) for v in attrs["split"]]
+        ax = norm_axis(self, attrs.get("axis", 0), x.ndim)
+        sizes = self.part_sizes(x, ax, given, attrs.get("num_outputs"))
         xp = xp_for(self, x)
-        bounds = np.cumsum([0] + sizes)
-        index = [slice(None)] * x.ndim
-        outs = []
-        for i in range(len(sizes)):
-            index[ax] = slice(int(bounds[i]), int(bounds[i + 1]))
-            outs.append(Tensor.wrap(xp.ascontiguousarray(x.array[tuple(index)]), x.data_type))
-        return outs
+        return values_guarded("Split", guards, lambda data: _parts(xp, data, ax, sizes))
+
+
+def _parts(xp, array, ax: int, sizes: list) -> tuple:
+    """Contiguous copies of array's consecutive parts of the given sizes along ax."""
+    bounds = np.cumsum([0] + sizes)
+    index = [slice(None)] * array.ndim
+    outs = []
+    for i in range(len(sizes)):
+        index[ax] = slice(int(bounds[i]), int(bounds[i + 1]))
+        outs.append(xp.ascontiguousarray(array[tuple(index)]))
+    return tuple(outs)
 
 
 def slice_bounds(dim: int, start: int, end: int, step: int) -> slice:
@@ -423,6 +521,10 @@ class Slice(KernelBase):
             st, en = host_ints(self, ts, "starts"), host_ints(self, te, "ends")
             ax = None if ta.is_absent else host_ints(self, ta, "axes")
             sp = None if tp.is_absent else host_ints(self, tp, "steps")
+        return Tensor.wrap(x.array[self.index(x, st, en, ax, sp, **named)], x.data_type)
+
+    def index(self, x: Tensor, st: list, en: list, ax, sp, **named) -> tuple:
+        """The checked index tuple for starts, ends, axes and steps (None: defaults)."""
         if len(st) != len(en):
             raise self.error(f"starts ({len(st)}) and ends ({len(en)}) differ in length", data=x, **named)
         if ax is None:
@@ -437,7 +539,28 @@ class Slice(KernelBase):
             if p == 0:
                 raise self.error("steps must not be 0", data=x, **named)
             index[a] = slice_bounds(x.shape[a], s, e, p)
-        return Tensor.wrap(x.array[tuple(index)], x.data_type)
+        return tuple(index)
+
+    def array_function(self, inputs, attrs):
+        """Opset 10+: data[index] for the recorded starts/ends/axes/steps values (guarded:
+        see values_guarded); opset 1-9: for the attributes."""
+        if not inputs or not _all_tensors(inputs) or inputs[0].data_type == DataType.STRING:
+            return None
+        x = inputs[0]
+        if self.since_version < 10:
+            if attrs.get("starts") is None or attrs.get("ends") is None:
+                return None
+            guards = {}
+            values = [[int(v) for v in attrs[k]] if attrs.get(k) is not None else None
+                      for k in ("starts", "ends", "axes")] + [None]
+        else:
+            if any(t.is_absent for t in inputs[1:]):
+                return None  # the runtime passes no array for an absent input
+            guards = {name: host_ints(self, t, name)
+                      for name, t in zip(("starts", "ends", "axes", "steps"), inputs[1:])}
+            values = [guards.get(k) for k in ("starts", "ends", "axes", "steps")]
+        index = self.index(x, *values)
+        return values_guarded("Slice", guards, lambda data: data[index])
 
 
 def _blocksize(kernel, blocksize, x):
