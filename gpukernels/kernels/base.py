@@ -295,7 +295,14 @@ class KernelBase:
         The math is written once: f is (or calls) the function the kernel's own compute
         step calls after validation (e.g. ``array_op`` in kernels/math/arith.py), bound
         to the resolved attributes, never a restatement of it.  Every kernel defining
-        one is compared with the kernel, to the bit (tests/kernels/test_array_functions.py)."""
+        one is compared with the kernel, to the bit (tests/kernels/test_array_functions.py).
+
+        A node with several outputs returns a tuple of arrays, one per output (the ones
+        the graph omits may be anything).  Trailing omitted inputs (empty names at the
+        end of the node's input list) are not passed: f takes the given ones.  Where the
+        output's shape depends on input values (Reshape's shape, Slice's starts...), f
+        checks those values against the call it was made from and raises when they
+        differ, so that the runtime redoes the call through the kernel."""
         return None
 
     def run_subgraph(self, graph, inputs: list, input_names=None) -> list:
