@@ -267,3 +267,34 @@ def test_unexpected_input_type_runs_the_original_kernels(rng):
     with pytest.raises(Exception, match="^DequantizeLinear") as fused_error:
         p.kernel(Tensor(feeds["xq"].astype(np.int8)), weight)
     assert "int8 and uint8" in str(fused_error.value)  # the original DequantizeLinear's check
+
+
+@pytest.mark.parametrize("case", ["conv", "depthwise", "wide", "gemm"])
+def test_compiled_runs_equal_the_kernel(device, rng, monkeypatch, case):
+    """Compiled graphs run DequantizedProduct.array_function (the product's own array
+    function, planned once): a later run on new inputs gives the bits of a fresh
+    session's first run (the kernel's path), and on the host no longer calls it."""
+    from gpukernels.runtime.optimize.dequantized import DequantizedProduct
+
+    if case == "gemm":
+        model, feeds, *_ = _gemm_case(rng, 1, 0.5, 2.0, (3, 5))
+    elif case == "wide":
+        model, feeds, *_ = _conv_case(rng, xtype=np.int16, zero=5, shape=(1, 64, 6, 6), m=4)
+    else:
+        model, feeds, *_ = _conv_case(rng, group=4 if case == "depthwise" else 1, shape=(2, 4, 9, 9),
+                                      m=4 if case == "depthwise" else 8)
+    x = feeds["xq"]
+    info = np.iinfo(x.dtype)
+    again = {"xq": rng.integers(info.min, int(info.max) + 1, size=x.shape).astype(x.dtype)}
+    sess, _ = _run(model, feeds, device)
+    sess.run(None, feeds)
+    calls = []
+    exact = DequantizedProduct._exact
+    monkeypatch.setattr(DequantizedProduct, "_exact", lambda self, *a: calls.append(1) or exact(self, *a))
+    (y,) = sess.run(None, again)
+    monkeypatch.undo()
+    _, (want,) = _run(model, again, device)
+    assert y.dtype == want.dtype == np.float32 and y.shape == want.shape
+    assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
+    if device == "cpu":
+        assert not calls, "the compiled graph ran the kernel instead of its array function"

@@ -104,7 +104,17 @@ class Clip(KernelBase):
             return lambda x: clip(x, None, None)
         if len(inputs) == 2:
             return lambda x, lo: clip(x, _host_scalar(lo), None)
+        if _same_host_arrays(inputs) and self.specialized("Clip.bounds", inputs[0].array) is _clip_host:
+            # bounds of x's type need no conversion: one NumPy call (ReLU6 on 2x192x6x6:
+            # 13.6 -> 6.5 us a call on this host)
+            return lambda x, lo, hi: _clip_host(np, x, lo.reshape(()), hi.reshape(()))
         return lambda x, lo, hi: clip(x, _host_scalar(lo), _host_scalar(hi))
+
+
+def _same_host_arrays(inputs) -> bool:
+    """Whether every input is a NumPy array of the first one's dtype."""
+    dt = inputs[0].array.dtype
+    return all(t.array.__class__ is np.ndarray and t.array.dtype == dt for t in inputs)
 
 
 def _host_scalar(a):

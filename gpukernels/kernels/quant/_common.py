@@ -4,7 +4,7 @@ axis, blocked), output-type resolution, rounding into integer or small-float tar
 The quantization kernels have one code path, written with ``xp``, for both devices, and
 the same IEEE operations in the same precision on each (x / scale as one division, never a
 multiplication by the reciprocal; round half to even; the zero point added; saturation
-with fmax/fmin so NaN maps alike), so CPU and GPU results are bit-identical for identical
+that maps NaN to the range's low end), so CPU and GPU results are bit-identical for identical
 inputs (tests/test_quantized_parity.py).  Keep it so: no host-only variant here."""
 
 from __future__ import annotations
@@ -151,9 +151,7 @@ def quantize_values(kernel, q, out_type: DataType, zp=None, saturate: bool = Tru
         xp.rint(q, out=q)
         if zp is not None:
             q += zp
-        # fmax/fmin map NaN to the range's lower end (the spec leaves NaN undefined)
-        xp.fmax(q, lo, out=q)
-        xp.fmin(q, hi, out=q)
+        saturate_nan_low(xp, q, lo, hi)
         info = dtypes.info(out_type)
         if info.is_exotic:  # int4/uint4/int2/uint2: via the 8-bit storage type
             return kernel.from_compute(q.astype(info.storage), out_type)
@@ -164,6 +162,16 @@ def quantize_values(kernel, q, out_type: DataType, zp=None, saturate: bool = Tru
         m = float_max(out_type)
         xp.clip(q, -m, m, out=q)
     return kernel.from_compute(q, out_type, saturate=bool(saturate))
+
+
+def saturate_nan_low(xp, q, lo, hi):
+    """q (float, in place) clipped to [lo, hi] with NaN mapped to lo: the values of
+    fmin(fmax(q, lo), hi) (the spec leaves NaN undefined), up to the sign of a zero, which
+    no integer conversion sees.  clip and a masked copy instead of fmax/fmin: NumPy 2.4
+    runs fmax/fmin with a scalar element by element (1x96x112x112 float32 on this host:
+    1.72 ms for the pair, 0.38 ms this way)."""
+    xp.clip(q, lo, hi, out=q)
+    xp.copyto(q, q.dtype.type(lo), where=xp.isnan(q))
 
 
 def round_through(kernel, array, data_type):

@@ -55,6 +55,7 @@ from ...dtypes import DataType
 from ...kernels.base import KernelBase
 from ...kernels.quant._common import INTEGER_RANGES
 from ...tensor import Tensor
+from ..body import _hook_trusted
 from .rewrite import View
 
 DOMAIN = "com.gpukernels"
@@ -322,37 +323,77 @@ class DequantizedProduct(KernelBase):
         except Exception:  # noqa: BLE001 -- the original kernels give their own result or error
             return self._separately(quantized)
 
-    def _integers(self, q: Tensor, d: _Dynamic, acc):
-        xi = self.to_compute(q, acc)
-        if xi is q.array:
-            xi = xi.copy()
+    def _integers(self, q, d: _Dynamic, acc):
+        """xq - zx (q: xq's array) in acc, exactly, into a new array: one pass, the
+        conversion inside the subtraction (the dynamic types are stored natively on both
+        devices)."""
         if d.zero:
-            xi -= acc.type(d.zero)
-        return xi
+            return self.xp.subtract(q, acc.type(d.zero), dtype=acc)
+        return q.astype(acc)
+
+    def array_function(self, inputs, attrs):
+        """Compiled graphs, for constant scales: the steps of _exact around the product
+        kernel's own array function, planned once for these shapes (a Conv then skips its
+        per-call checks and path choice: mobilenet_v2 qdq, 52 convolutions); None where
+        the product has none, or for two dynamic operands (their sum's type depends on
+        each call's inner dimension)."""
+        n = len(self.dynamic)
+        if not _hook_trusted(type(self.product)):
+            return None  # a swapped-in product kernel (kernel_overrides) is always called
+        if self.scales is None or len(inputs) != n + (1 if self.weight_dq is not None else 0) or any(
+                q.__class__ is not Tensor or int(q.data_type) != d.data_type
+                for q, d in zip(inputs[:n], self.dynamic)):
+            return None
+        acc = self.acc
+        wide = acc != np.float32
+        sum_type = int(DataType.DOUBLE if wide else DataType.FLOAT)
+        operands = [Tensor.wrap(self._integers(q.array, d, acc), sum_type) for q, d in zip(inputs, self.dynamic)]
+        if self.weight_dq is not None:
+            operands.append(self.weight64 if wide else inputs[n])
+        product = self.product.array_function(operands, dict(self.product_attrs))
+        if product is None:
+            return None
+        dynamic, integers, scaled = self.dynamic, self._integers, self._scaled
+        weight64 = self.weight64.array if wide and self.weight_dq is not None else None
+
+        def run(*arrays):
+            ints = [integers(q, d, acc) for q, d in zip(arrays, dynamic)]
+            if len(arrays) > n:
+                ints.append(weight64 if wide else arrays[n])
+            return scaled(product(*ints), acc)
+
+        return run
 
     def _exact(self, quantized, weight):
-        xp = self.xp
         acc = self.acc
         if self.scales is None:  # both operands dynamic: the inner dimension decides
             a, b = self.dynamic
             k = quantized[0].array.shape[-1] if quantized[0].array.ndim else 1
             if a.magnitude * b.magnitude * k >= _FLOAT32_EXACT or max(a.magnitude, b.magnitude) > _TF32_EXACT:
                 acc = np.dtype(np.float64)
-        operands = [Tensor.wrap(self._integers(q, d, acc), int(DataType.FLOAT if acc == np.float32
-                                                                  else DataType.DOUBLE))
+        operands = [Tensor.wrap(self._integers(q.array, d, acc), int(DataType.FLOAT if acc == np.float32
+                                                                        else DataType.DOUBLE))
                     for q, d in zip(quantized, self.dynamic)]
         if weight:
             operands.append(weight[0] if acc == np.float32 else self.weight64)
         result = self.product(*operands, **self.product_attrs)
         y = result.array if result.__class__ is Tensor else result[0].array
-        if not y.flags.writeable:
-            y = y.copy()
         if self.scales is None:
+            if not y.flags.writeable:
+                y = y.copy()
             s = self.dynamic[0].scale * self.dynamic[1].scale
             if acc == np.float32:
                 y *= np.float32(s)
                 return y
             return (y * s).astype(np.float32)
+        return self._scaled(y, acc)
+
+    def _scaled(self, y, acc):
+        """The exact sums y (acc) scaled per output channel, the bias added, as float32
+        (constant scales); y is modified in place when writeable."""
+        xp = self.xp
+        if not y.flags.writeable:
+            y = y.copy()
         index = 0 if acc == np.float32 else 1
         xp.multiply(y, self.scales[index].array, out=y)
         if self.biases is not None:
