@@ -448,3 +448,37 @@ def test_constant_exponents_and_bounds_are_read_on_the_host(compile_graph, count
         (y,) = session.run_values({"x": x})
     assert log.count == 1, log.report()  # the exponent 'two', read where it also is data
     assert np.array_equal(y.numpy().view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("compile_graph", [True, False])
+def test_qdq_model_runs_without_device_to_host_transfers(compile_graph, count_transfers):
+    """A QDQ convolution (QuantizeLinear -> DequantizeLinear -> Conv with dequantized
+    weights -> QuantizeLinear): the zero points stay on the host, where QuantizeLinear
+    checks them, and the exact product (pass 'dequantized') reads nothing back."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gpukernels.runtime import Session
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(v, n) for n, v in (
+        ("sx", np.array(0.02, np.float32)), ("zx", np.array(120, np.uint8)),
+        ("wq", rng.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8)),
+        ("sw", (rng.random(8) * 0.01 + 0.001).astype(np.float32)), ("zw", np.zeros(8, np.int8)),
+        ("sy", np.array(0.05, np.float32)), ("zy", np.array(3, np.uint8)))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["w"], axis=0),
+             helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "sy", "zy"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 8, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = Session(model, device="cpu").run(None, {"x": x})[0]
+    session = Session(model, device="cuda", options={"compile_graph": compile_graph})
+    assert session.graph.optimized.get("dequantized") == 1
+    session.run_values({"x": x})
+    with count_transfers() as log:
+        (y,) = session.run_values({"x": x})
+    assert log.count == 0, log.report()
+    assert np.array_equal(y.numpy(), want)

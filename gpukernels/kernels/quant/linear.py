@@ -38,7 +38,9 @@ class QuantizeLinear(KernelBase):
                  output_dtype=0, precision=0):
         xt = self.tensor(x, "x")
         st = self.tensor(y_scale, "y_scale")
-        zt = self.tensor(y_zero_point, "y_zero_point", optional=True)
+        # the zero point stays where it is: a constant one is on the host (small integers
+        # are), where checking it for zeros costs no device-to-host copy
+        zt = self.host_tensor(y_zero_point, "y_zero_point", optional=True)
         self.check_inputs(xt, st, zt)
         named = dict(x=xt, y_scale=st, y_zero_point=zt)
         if zt.is_absent:
@@ -70,10 +72,9 @@ class QuantizeLinear(KernelBase):
         if prec in _HALF:
             q = round_through(self, q.astype(np.float32, copy=False), prec)
         zp = None
-        if not zt.is_absent:
-            zc = expand(xp, self.to_compute(zt, q.dtype), xt.shape, kind, ax, block_size)
-            if bool(xp.any(zc != 0)) if zc.size > 1 else float(zc) != 0.0:
-                zp = zc
+        if not zt.is_absent and bool((zt.array != 0).any()):
+            zt = self.tensor(zt, "y_zero_point")
+            zp = expand(xp, self.to_compute(zt, q.dtype), xt.shape, kind, ax, block_size)
         return quantize_values(self, q, out_type, zp, bool(saturate))
 
 
