@@ -160,19 +160,12 @@ class HostArena:
         with self._lock:
             return [b for _, b, _ in self._free]
 
-    @contextlib.contextmanager
-    def run(self):
-        """Make a new HostRun current for the block and yield it (None when the arena is
-        off: host_empty then returns plain arrays).  The block hands what the run
-        returns to ``HostRun.finish``; a block that raises gives nothing back."""
-        live = HostRun(self) if self.max_bytes > 0 else None
-        token = _CURRENT.set(live)
-        try:
-            yield live
-        finally:
-            _CURRENT.reset(token)
-            if live is not None:
-                live.close()
+    def run(self) -> "_RunBlock":
+        """Make a new HostRun current for a with-block and yield it (None when the arena
+        is off: host_empty then returns plain arrays).  The block hands what the run
+        returns to ``HostRun.finish``; a block that raises gives nothing back.  (A small
+        class rather than a generator context manager: every Session run pays it.)"""
+        return _RunBlock(HostRun(self) if self.max_bytes > 0 else None)
 
     def _take(self, nbytes: int):
         """(buffer, address) of exactly nbytes: a free one, else a new one."""
@@ -197,6 +190,25 @@ class HostArena:
                 self._free_bytes += e.buf.nbytes
             while self._free_bytes > self.max_bytes:
                 self._free_bytes -= self._free.pop(0)[0]
+
+
+class _RunBlock:
+    """HostArena.run()'s with-block: its HostRun (or None) current inside it."""
+
+    __slots__ = ("live", "token")
+
+    def __init__(self, live):
+        self.live = live
+        self.token = None
+
+    def __enter__(self):
+        self.token = _CURRENT.set(self.live)
+        return self.live
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.reset(self.token)
+        if self.live is not None:
+            self.live.close()
 
 
 class HostRun:
@@ -293,6 +305,8 @@ class HostRun:
 
     def finish(self, outputs) -> None:
         """The run returns outputs: every buffer not reachable from them goes back."""
+        if not self.taken:  # the run took no buffer (small models): nothing to walk
+            return
         arrays = host_arrays(outputs, [])
         roots = {id(root_of(a)) for a in arrays}
         spans = [_byte_bounds(a) for a in arrays if a.size]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +97,8 @@ class Session:
         self.output_names = [o.name for o in self.outputs]
         self._input_types = {i.name: i.type for i in self.model.graph.input}
         self._checkers = {name: feed_checker(name, tp) for name, tp in self._input_types.items()}
+        self._feeders = {name: self._feeder(name, tp) for name, tp in self._input_types.items()}
+        self._input_set = frozenset(self.input_names)
         self._device_spans = None  # device memory ranges of the constants, when first needed
         # repeated runs with the same input types and shapes go through a compiled plan
         # (see runtime.body.CompiledGraph); the option compile_graph=False turns it off
@@ -109,8 +110,29 @@ class Session:
 
     def feed(self, name: str, value):
         """Convert a user value for input name into a runtime value on the device."""
-        tp = self._input_types.get(name)
-        return to_runtime_value(self._checkers[name](value), tp, self.device)
+        return self._feeders[name](value)
+
+    def _feeder(self, name: str, type_proto):
+        """feed() for one input, prepared once: on the host, an array the checker passes
+        with the declared dtype is wrapped as it is (what to_runtime_value does for it,
+        without the look-ups); anything else goes through to_runtime_value."""
+        check, device = self._checkers[name], self.device
+        dt = _host_tensor_type(type_proto) if not device.is_cuda else None
+
+        def general(value):
+            return to_runtime_value(check(value), type_proto, device)
+
+        if dt is None:
+            return general
+        want, ndarray, wrap = dtypes.info(dt).numpy, np.ndarray, Tensor.wrap
+
+        def fast(value):
+            value = check(value)
+            if value.__class__ is ndarray and value.dtype == want:
+                return wrap(value, dt)
+            return to_runtime_value(value, type_proto, device)
+
+        return fast
 
     def run_values(self, feeds: dict, observer=None) -> list:
         """Run with feeds {name: value}; returns runtime values (Tensors, Sequences...)
@@ -149,14 +171,16 @@ class Session:
         return self._run_graph(feeds, observer)
 
     def _run_graph(self, feeds: dict, observer=None) -> list:
-        unknown = set(feeds) - set(self._input_types)
-        if unknown:
-            raise InputError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are "
-                             f"{self.input_names}")
-        missing = [n for n in self.input_names if n not in feeds]
-        if missing:
-            raise InputError(f"missing input(s) {missing}; the model's inputs are {self.input_names}")
-        values = {name: self.feed(name, v) for name, v in feeds.items()}
+        if feeds.keys() != self._input_set:  # else: exactly the inputs, the common case
+            unknown = set(feeds) - set(self._input_types)
+            if unknown:
+                raise InputError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are "
+                                 f"{self.input_names}")
+            missing = [n for n in self.input_names if n not in feeds]
+            if missing:
+                raise InputError(f"missing input(s) {missing}; the model's inputs are {self.input_names}")
+        feeders = self._feeders
+        values = {name: feeders[name](v) for name, v in feeds.items()}
         graph, compiled = self.graph, self._compiled
         if self._specializer is not None:
             with suspended():  # a new signature's graph is prepared: its constants stay
@@ -178,10 +202,10 @@ class Session:
         """onnxruntime-style: host values of the requested outputs (all when None)."""
         values = self._run_values(feeds, observer=observer)
         if output_names is None:
-            return [_owned(to_host_value(v)) for v in values]
+            return [_host_output(v) for v in values]
         index = {n: i for i, n in enumerate(self.output_names)}
         try:
-            return [_owned(to_host_value(values[index[n]])) for n in output_names]
+            return [_host_output(values[index[n]]) for n in output_names]
         except KeyError as exc:
             raise ModelError(f"unknown output {exc.args[0]!r}; outputs are {self.output_names}") from None
 
@@ -194,6 +218,31 @@ def _device_spans(constants: dict) -> list:
         if arr is not None and arr.__class__ is not np.ndarray and hasattr(arr, "data"):
             spans.append((arr.data.ptr, arr.data.ptr + arr.nbytes))
     return spans
+
+
+def _host_tensor_type(type_proto):
+    """The declared element type of a tensor input whose host arrays are stored as
+    they are (not STRING), else None."""
+    if type_proto is None or type_proto.WhichOneof("value") != "tensor_type":
+        return None
+    et = type_proto.tensor_type.elem_type
+    try:
+        info = dtypes.info(et) if et else None
+    except TypeError:
+        return None
+    if info is None or info.data_type == dtypes.DataType.STRING:
+        return None
+    return info.data_type
+
+
+def _host_output(value):
+    """_owned(to_host_value(value)); a host Tensor whose array has its exact dtype (the
+    common case) without the general walk."""
+    if value.__class__ is Tensor:
+        arr = value.array
+        if arr.__class__ is np.ndarray and arr.dtype == dtypes.info(value.data_type).numpy:
+            return arr if arr.flags.writeable else arr.copy()
+    return _owned(to_host_value(value))
 
 
 def _owned(value):

@@ -319,6 +319,42 @@ def _variadic(rng, version, dt, n_inputs):
     return [([_values(rng, s, dt, special=True) for s in ss], {}) for ss in shapes]
 
 
+# --- reductions, Softplus and InstanceNormalization (issue 15, session 6b: kernels still
+# called whole in the CNN heads and transformer exports)
+
+
+def _reduce(axes_input_since: int):
+    """Axes as an attribute or, from axes_input_since, an input; negative ones, none,
+    keepdims 0/1, noop_with_empty_axes where the opset has it, an empty reduction;
+    NaN/inf among the values."""
+    def cases(rng, version, dt, n_inputs):
+        x = _values(rng, (2, 3, 4), dt, special=True)
+        as_input = version >= axes_input_since
+        out = []
+        for axes in ([1], [-1], [0, 2], [], None):
+            for keep in (0, 1):
+                if axes is None:
+                    out.append(([x], {"keepdims": keep}))
+                elif as_input:
+                    out.append(([x, np.array(axes, np.int64)], {"keepdims": keep}))
+                else:
+                    out.append(([x], {"keepdims": keep, **({"axes": axes} if axes else {})}))
+        if as_input:
+            out += [([x, np.zeros((0,), np.int64)], {"noop_with_empty_axes": 1}),
+                    ([x], {"noop_with_empty_axes": 1}), ([x[:, :0], np.array([1], np.int64)], {})]
+        return out
+    return cases
+
+
+def _instance_norm(rng, version, dt, n_inputs):
+    """Ranks 2 to 5 (rank 2 normalises single values), with and without an epsilon."""
+    out = []
+    for shape in ((2, 3), (2, 3, 5), (1, 4, 3, 2), (1, 2, 2, 3, 2)):
+        x, s, b = _values(rng, shape, dt), _values(rng, (shape[1],), dt), _values(rng, (shape[1],), dt)
+        out += [([x, s, b], {}), ([x, s, b], {"epsilon": 1e-2})]
+    return out
+
+
 CASES = {
     "GlobalAveragePool": _global_pool,
     "GlobalMaxPool": _global_pool,
@@ -357,6 +393,10 @@ CASES = {
     "HardSigmoid": _with_attrs({}, {"alpha": 0.3, "beta": 0.4}),
     "Swish": _with_attrs({}, {"alpha": 1.5}),
     "Gelu": _with_attrs({}, {"approximate": "tanh"}, {"approximate": "none"}),
+    "InstanceNormalization": _instance_norm,
+    "ReduceSum": _reduce(13),
+    **{op: _reduce(18) for op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                              "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")},
 }
 
 

@@ -208,6 +208,7 @@ def scalar_value(kernel, t, name):
 # ------------------------------------------------------------------ kernel bases
 
 from ._elementwise import UnaryKernel  # noqa: E402
+from .arith import native_compute  # noqa: E402
 
 
 class MathUnary(UnaryKernel):
@@ -228,6 +229,17 @@ class MathUnary(UnaryKernel):
 
     def __call__(self, X, **attrs):
         return self.apply(X, "X", **attrs)
+
+
+def compute_step_function(kernel, inputs, attrs):
+    """The array function (KernelBase.array_function) of a MathUnary without attributes:
+    its own compute step on the stored array, for an input computed in its own type
+    (the rounding step then keeps the array as it is); None otherwise.  IEEE warnings
+    are not silenced here: the runtime redoes such a call through the kernel."""
+    if len(inputs) != 1 or not native_compute(inputs):
+        return None
+    compute, xp, from_compute, dt = kernel.compute, kernel.xp, kernel.from_compute, inputs[0].data_type
+    return lambda x: from_compute(compute(xp, x), dt).array
 
 
 class InputUnary(MathUnary):

@@ -41,7 +41,7 @@ import numpy as np
 from ...host import host_blocks, host_empty, pooled_empty, tuning
 from ..base import KernelBase, register
 from ..specialize import specialize
-from ._mathcommon import MathUnary, XUnary, blockwise, erf
+from ._mathcommon import MathUnary, XUnary, blockwise, compute_step_function, erf
 
 
 def _sigmoid(xp, x):
@@ -182,6 +182,8 @@ class Softplus(MathUnary):
 
     def compute(self, xp, x):
         return blockwise(xp, lambda v: _softplus(xp, v), x, kernel=self)
+
+    array_function = compute_step_function
 
 
 @register()

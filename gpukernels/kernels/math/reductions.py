@@ -27,8 +27,10 @@ import numpy as np
 from ...dtypes import DataType
 from ...host import tuning
 from ...host import parallel_ranges
+from ...tensor import Tensor
 from ..base import KernelBase, register
 from ..specialize import specialize
+from ..tensor.shape_ops import values_guarded
 from ._mathcommon import contiguous, highest, lowest, normalize_axes, normalize_axis
 
 # first version whose axes come as an input
@@ -41,37 +43,67 @@ class _Reduce(KernelBase):
 
     def __call__(self, data, axes=None, keepdims=1, noop_with_empty_axes=0):
         x = self.tensor(data, "data")
+        axes_list = self._axes_list(x, axes, noop_with_empty_axes)
+        return self._step(x, self._reduced(x, axes_list, noop_with_empty_axes), keepdims)
+
+    def array_function(self, inputs, attrs):
+        """_step on the stored array, with the axes of the recorded call resolved; axes
+        given as an input are checked against the recorded values (they decide the
+        output's shape), so that other values redo the node through the kernel."""
+        if not inputs or any(t.__class__ is not Tensor for t in inputs):
+            return None
+        x, noop = inputs[0], attrs.get("noop_with_empty_axes", 0)
+        axes = inputs[1] if len(inputs) > 1 else attrs.get("axes")
+        axes_list = self._axes_list(x, axes, noop)
+        red, keepdims, dt = self._reduced(x, axes_list, noop), attrs.get("keepdims", 1), x.data_type
+
+        def apply(data):
+            return self._step(Tensor.wrap(data, dt), red, keepdims).array
+
+        if len(inputs) > 1:
+            return values_guarded(self.op_type, {"axes": axes_list}, apply)
+        return apply
+
+    def _axes_list(self, x: Tensor, axes, noop_with_empty_axes) -> list:
+        """The axes (a list of ints, unnormalised) from the input or the attribute, by
+        opset version; validates the inputs."""
         input_axes = self.since_version >= _AXES_INPUT_SINCE.get(self.op_type, 18)
         if input_axes:
             at = self.tensor(axes, "axes", optional=True)
             self.check_inputs(x, at)
             if at.is_absent:
-                axes_list = []
-            else:
-                if at.ndim > 1:
-                    raise self.error("axes must be a 1-D tensor", data=x, axes=at)
-                axes_list = [int(v) for v in np.asarray(at.numpy()).reshape(-1)]
-        else:
-            self.check_inputs(x)
-            if noop_with_empty_axes:
-                raise self.error(f"opset-{self.since_version} {self.op_type} has no attribute "
-                                 "noop_with_empty_axes", data=x)
-            if isinstance(axes, (list, tuple)) or axes is None:
-                axes_list = list(axes or [])
-            else:
-                axes_list = [int(v) for v in np.asarray(self.tensor(axes, "axes").numpy()).reshape(-1)]
-        xc = self.to_compute(x)
-        xp = self.xp
+                return []
+            if at.ndim > 1:
+                raise self.error("axes must be a 1-D tensor", data=x, axes=at)
+            return [int(v) for v in np.asarray(at.numpy()).reshape(-1)]
+        self.check_inputs(x)
+        if noop_with_empty_axes:
+            raise self.error(f"opset-{self.since_version} {self.op_type} has no attribute "
+                             "noop_with_empty_axes", data=x)
+        if isinstance(axes, (list, tuple)) or axes is None:
+            return list(axes or [])
+        return [int(v) for v in np.asarray(self.tensor(axes, "axes").numpy()).reshape(-1)]
+
+    def _reduced(self, x: Tensor, axes_list: list, noop_with_empty_axes):
+        """The normalised reduced axes (a tuple), or None: no axis is reduced and only
+        the non-reducing steps apply (noop_with_empty_axes=1)."""
         if not axes_list:
             if noop_with_empty_axes:
-                with np.errstate(all="ignore"):
-                    y = self.elementwise(xp, xc)
-                return self.finish(y, x)
+                return None
             red = tuple(range(x.ndim))
         else:
             red = normalize_axes(self, axes_list, x.ndim, data=x)
-        if x.ndim == 0:
-            red = ()
+        return () if x.ndim == 0 else red
+
+    def _step(self, x: Tensor, red, keepdims) -> Tensor:
+        """The compute step after validation: reduce x over the axes red (None: the
+        non-reducing steps only)."""
+        xc = self.to_compute(x)
+        xp = self.xp
+        if red is None:
+            with np.errstate(all="ignore"):
+                y = self.elementwise(xp, xc)
+            return self.finish(y, x)
         out_shape = tuple(1 if i in red else d for i, d in enumerate(x.shape)) if keepdims else \
             tuple(d for i, d in enumerate(x.shape) if i not in red)
         count = int(np.prod([x.shape[i] for i in red], dtype=np.int64))

@@ -209,11 +209,27 @@ class InstanceNormalization(KernelBase):
         for name, t in (("scale", s), ("B", b)):
             if tuple(t.shape) != (C,):
                 raise self.error(f"{name} must have shape ({C},)", input=x, scale=s, B=b)
+        return self._step(x, s, b, epsilon)
+
+    def array_function(self, inputs, attrs):
+        """_step on the stored arrays (shapes and types as in the validated call)."""
+        if len(inputs) != 3 or any(t.__class__ is not Tensor for t in inputs):
+            return None
+        types, epsilon, step = [t.data_type for t in inputs], attrs.get("epsilon", 1e-5), self._step
+
+        def fn(x, scale, B):
+            return step(Tensor.wrap(x, types[0]), Tensor.wrap(scale, types[1]), Tensor.wrap(B, types[2]),
+                        epsilon).array
+
+        return fn
+
+    def _step(self, x: Tensor, s: Tensor, b: Tensor, epsilon) -> Tensor:
+        """The compute step after validation."""
         xp = self.xp
         xc = self.to_compute(x)
         dt = xc.dtype
         axes = tuple(range(2, x.ndim))
-        shape = (1, C) + (1,) * (x.ndim - 2)
+        shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
         mean, d, var = _moments(xp, xc, axes)
         y = d * (self.to_compute(s, dt).reshape(shape) / xp.sqrt(var + dt.type(epsilon))) \
             + self.to_compute(b, dt).reshape(shape)
