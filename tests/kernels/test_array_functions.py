@@ -355,7 +355,14 @@ def _instance_norm(rng, version, dt, n_inputs):
     return out
 
 
+def _flatten(rng, version, dt, n_inputs):
+    """Every axis of a rank-3 input, negative ones from opset 11."""
+    x = _values(rng, (2, 3, 4), dt)
+    return [([x], {"axis": a}) for a in range(-3 if version >= 11 else 0, 4)] + [([x], {})]
+
+
 CASES = {
+    "Flatten": _flatten,
     "GlobalAveragePool": _global_pool,
     "GlobalMaxPool": _global_pool,
     "GlobalLpPool": _global_pool,
