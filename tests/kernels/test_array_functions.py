@@ -361,7 +361,39 @@ def _flatten(rng, version, dt, n_inputs):
     return [([x], {"axis": a}) for a in range(-3 if version >= 11 else 0, 4)] + [([x], {})]
 
 
+def _quantize(rng, version, dt, n_inputs):
+    """QuantizeLinear of a float x (NaN/inf among its values) to uint8 and int8, per tensor
+    and (opset 13+) per axis, with and without a zero point."""
+    if dtypes.info(dt).kind != "float":
+        return []
+    x = _values(rng, (2, 3, 4), dt, special=True)
+    stype = x.dtype if version >= 19 else np.float32
+    out = []
+    for zt in (np.uint8, np.int8):
+        z = np.array(7, zt)
+        s = np.array(0.05, stype)
+        out += [([x, s, z], {}), ([x, s], {})]
+        if version >= 13:
+            zs, ss = np.array([3, 0, 9], zt), np.array([0.05, 0.2, 0.01], stype)
+            out.append(([x, ss, zs], {"axis": 1}))
+    return out
+
+
+def _dequantize(rng, version, dt, n_inputs):
+    """DequantizeLinear of an integer x, per tensor and (opset 13+) per axis."""
+    if dtypes.info(dt).kind not in ("int", "uint"):
+        return []
+    x = _values(rng, (2, 3, 4), dt)
+    zero = 0 if dt == DataType.INT32 else 5
+    out = [([x, np.array(0.05, np.float32), np.array(zero, x.dtype)], {}), ([x, np.array(0.05, np.float32)], {})]
+    if version >= 13:
+        out.append(([x, np.array([0.05, 0.2, 0.01], np.float32), np.full(3, zero, x.dtype)], {"axis": 1}))
+    return out
+
+
 CASES = {
+    "QuantizeLinear": _quantize,
+    "DequantizeLinear": _dequantize,
     "Flatten": _flatten,
     "GlobalAveragePool": _global_pool,
     "GlobalMaxPool": _global_pool,

@@ -32,6 +32,22 @@ D = DataType
 _HALF = (D.FLOAT16, D.BFLOAT16)
 
 
+def _attr(attrs: dict, name: str, default):
+    value = attrs.get(name)
+    return default if value is None else value
+
+
+class _Plan(NamedTuple):
+    """What validation decided for one call of QuantizeLinear/DequantizeLinear."""
+    kind: str            # granularity: 'tensor', 'axis' or 'block'
+    axis: int | None
+    block_size: int
+    work: type           # the compute type (float32, or float64)
+    precision: int       # QuantizeLinear: the division precision's data type
+    out_type: DataType
+    saturate: bool
+
+
 @register()
 class QuantizeLinear(KernelBase):
     def __call__(self, x, y_scale, y_zero_point=None, axis=1, saturate=1, block_size=0,
@@ -41,6 +57,10 @@ class QuantizeLinear(KernelBase):
         # the zero point stays where it is: a constant one is on the host (small integers
         # are), where checking it for zeros costs no device-to-host copy
         zt = self.host_tensor(y_zero_point, "y_zero_point", optional=True)
+        plan = self._plan(xt, st, zt, axis, saturate, block_size, output_dtype, precision)
+        return self._quantize(plan, xt, st, zt)
+
+    def _plan(self, xt, st, zt, axis, saturate, block_size, output_dtype, precision) -> _Plan:
         self.check_inputs(xt, st, zt)
         named = dict(x=xt, y_scale=st, y_zero_point=zt)
         if zt.is_absent:
@@ -64,18 +84,40 @@ class QuantizeLinear(KernelBase):
         else:
             prec = st.data_type
         wide = D.INT32 in (xt.data_type, st.data_type, prec) or prec == D.DOUBLE
-        work = np.float64 if wide else np.float32
+        return _Plan(kind, ax, block_size, np.float64 if wide else np.float32, prec, out_type, bool(saturate))
+
+    def _quantize(self, plan: _Plan, xt, st, zt) -> Tensor:
+        """The checked call's step: x / scale in the division precision, rounded half to
+        even, the zero point added, saturated into the output type."""
         xp = self.xp
+        work = plan.work
         xs = self.to_compute(xt, work)
-        ss = expand(xp, self.to_compute(st, work), xt.shape, kind, ax, block_size)
+        ss = expand(xp, self.to_compute(st, work), xt.shape, plan.kind, plan.axis, plan.block_size)
         q = xp.divide(xs, ss, dtype=work) if xs.size else xs.astype(work, copy=True)
-        if prec in _HALF:
-            q = round_through(self, q.astype(np.float32, copy=False), prec)
+        if plan.precision in _HALF:
+            q = round_through(self, q.astype(np.float32, copy=False), plan.precision)
         zp = None
         if not zt.is_absent and bool((zt.array != 0).any()):
             zt = self.tensor(zt, "y_zero_point")
-            zp = expand(xp, self.to_compute(zt, q.dtype), xt.shape, kind, ax, block_size)
-        return quantize_values(self, q, out_type, zp, bool(saturate))
+            zp = expand(xp, self.to_compute(zt, q.dtype), xt.shape, plan.kind, plan.axis, plan.block_size)
+        return quantize_values(self, q, plan.out_type, zp, plan.saturate)
+
+    def array_function(self, inputs, attrs):
+        """Compiled graphs: _quantize on the arrays, validated once for these types and
+        shapes (QDQ models run one QuantizeLinear per activation)."""
+        if not 2 <= len(inputs) <= 3 or any(t.__class__ is not Tensor for t in inputs):
+            return None
+        xt, st = inputs[0], inputs[1]
+        zt = inputs[2] if len(inputs) == 3 else Tensor()
+        plan = self._plan(xt, st, zt, _attr(attrs, "axis", 1), _attr(attrs, "saturate", 1),
+                          _attr(attrs, "block_size", 0), _attr(attrs, "output_dtype", 0), _attr(attrs, "precision", 0))
+        types = [t.data_type for t in inputs]
+
+        def run(*arrays):
+            tensors = [Tensor.wrap(a, dt) for a, dt in zip(arrays, types)]
+            return self._quantize(plan, tensors[0], tensors[1], tensors[2] if len(tensors) == 3 else Tensor()).array
+
+        return run
 
 
 @register()
@@ -84,6 +126,9 @@ class DequantizeLinear(KernelBase):
         xt = self.tensor(x, "x")
         st = self.tensor(x_scale, "x_scale")
         zt = self.tensor(x_zero_point, "x_zero_point", optional=True)
+        return self._dequantize(self._plan(xt, st, zt, axis, block_size, output_dtype), xt, st, zt)
+
+    def _plan(self, xt, st, zt, axis, block_size, output_dtype) -> _Plan:
         self.check_inputs(xt, st, zt)
         named = dict(x=xt, x_scale=st, x_zero_point=zt)
         if not zt.is_absent and zt.data_type != xt.data_type:
@@ -96,17 +141,40 @@ class DequantizeLinear(KernelBase):
             out_type = st.data_type
         kind, ax = granularity(self, xt.shape, st.shape, None if zt.is_absent else zt.shape,
                                axis, block_size, **named)
-        xp = self.xp
         work = np.float64 if xt.data_type == D.INT32 else np.float32
+        return _Plan(kind, ax, block_size, work, 0, out_type, True)
+
+    def _dequantize(self, plan: _Plan, xt, st, zt) -> Tensor:
+        """The checked call's step: (x - zero point) * scale in the compute type, rounded
+        once into the output type."""
+        xp = self.xp
+        work = plan.work
         y = self.to_compute(xt, work)
         if y is xt.array:
             y = y.copy()  # never modify an input in place
         if not zt.is_absent:
-            y -= expand(xp, self.to_compute(zt, work), xt.shape, kind, ax, block_size)
-        y *= expand(xp, self.to_compute(st, work), xt.shape, kind, ax, block_size)
-        if out_type != D.DOUBLE and work == np.float64:
+            y -= expand(xp, self.to_compute(zt, work), xt.shape, plan.kind, plan.axis, plan.block_size)
+        y *= expand(xp, self.to_compute(st, work), xt.shape, plan.kind, plan.axis, plan.block_size)
+        if plan.out_type != D.DOUBLE and work == np.float64:
             y = y.astype(np.float32)
-        return self.from_compute(y, out_type)
+        return self.from_compute(y, plan.out_type)
+
+    def array_function(self, inputs, attrs):
+        """Compiled graphs: _dequantize on the arrays, validated once for these types and
+        shapes."""
+        if not 2 <= len(inputs) <= 3 or any(t.__class__ is not Tensor for t in inputs):
+            return None
+        xt, st = inputs[0], inputs[1]
+        zt = inputs[2] if len(inputs) == 3 else Tensor()
+        plan = self._plan(xt, st, zt, _attr(attrs, "axis", 1), _attr(attrs, "block_size", 0),
+                          _attr(attrs, "output_dtype", 0))
+        types = [t.data_type for t in inputs]
+
+        def run(*arrays):
+            tensors = [Tensor.wrap(a, dt) for a, dt in zip(arrays, types)]
+            return self._dequantize(plan, tensors[0], tensors[1], tensors[2] if len(tensors) == 3 else Tensor()).array
+
+        return run
 
 
 @register()
