@@ -18,6 +18,9 @@ from tests.reference import conv
 
 ref_conv = conv  # tests/reference/conv.py
 
+# the host specialisations themselves: the default paths even under GPUKERNELS_PATHS=reference
+pytestmark = pytest.mark.usefixtures("default_paths")
+
 
 def ref_maxpool(x, k, s, p, d):
     x = np.asarray(x, np.float64)
