@@ -137,11 +137,11 @@ PATCH_CASES = [
 @pytest.mark.parametrize("budget", [None, 1])
 def test_host_conv2d_patches_match_reference(case, dtype, budget, rng, monkeypatch, tuning):
     """conv2d_patches (large strides): one strided copy of every window per chunk of images
-    (one image per chunk with a tiny column budget, when use_patches is forced)."""
+    (with budget: a column budget of one image, so one image per chunk)."""
     xs, ws, strides, pads, dil = case
-    if budget is not None:
-        tuning({"conv.host_cols_bytes": budget})
-        monkeypatch.setattr(conv_host, "use_patches", lambda *a: True)
+    if budget is not None:  # a column budget of exactly one image (Conv's own per-image count)
+        out = ref_conv(np.zeros(xs), np.zeros(ws), None, strides, pads, dil).shape[2:]
+        tuning({"conv.host_cols_bytes": np.dtype(dtype).itemsize * (xs[1] * ws[2] * ws[3] + 1) * out[0] * out[1]})
     calls = []
     real = conv_host.conv2d_patches
     monkeypatch.setattr(conv_host, "conv2d_patches", lambda *a: calls.append(1) or real(*a))
