@@ -56,6 +56,7 @@ from ...kernels.base import KernelBase
 from ...kernels.quant._common import INTEGER_RANGES
 from ...tensor import Tensor
 from ..body import _hook_trusted
+from ..graph import PreparedNode
 from .rewrite import View
 
 DOMAIN = "com.gpukernels"
@@ -179,7 +180,7 @@ def _try(view: View, p, folded) -> bool:
             return False
         wi, scale, dq = found
         bound = x.magnitude * int(np.abs(wi).sum(axis=0).max(initial=0))
-        return _replace(view, p, [x], (wi, dq, p.inputs[1]), scale, None, bound, attrs)
+        return _replace(view, p, [x], (wi, dq), scale, None, bound, attrs)
     if op == "Gemm":
         trans_b = int(attrs.get("transB", 0) or 0)
         found = _constant(view, p.inputs[1], folded, 0 if trans_b else 1)
@@ -192,7 +193,7 @@ def _try(view: View, p, folded) -> bool:
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
         bound = x.magnitude * int(np.abs(wi).sum(axis=1 if trans_b else 0).max(initial=0))
         attrs["alpha"], attrs["beta"] = 1.0, 1.0
-        return _replace(view, p, [x], (wi, dq, p.inputs[1]), scale * alpha,
+        return _replace(view, p, [x], (wi, dq), scale * alpha,
                         None if bias is None else (bias * beta, p.inputs[2]), bound, attrs)
     # Conv / ConvTranspose: output channels along axis 0 / 1 of W
     axis = 0 if op == "Conv" else 1
@@ -212,7 +213,7 @@ def _try(view: View, p, folded) -> bool:
     if bias is not None:
         bias = (bias.reshape((-1,) + (1,) * (rank - 2)), p.inputs[2])
     scale = scale.reshape((-1,) + (1,) * (rank - 2))
-    return _replace(view, p, [x], (wi, dq, p.inputs[1]), scale, bias, bound, attrs)
+    return _replace(view, p, [x], (wi, dq), scale, bias, bound, attrs)
 
 
 def _replace(view: View, p, dynamic, weight, scale, bias, bound, attrs) -> bool:
@@ -221,29 +222,24 @@ def _replace(view: View, p, dynamic, weight, scale, bias, bound, attrs) -> bool:
     wide = bound is not None and (bound >= _FLOAT32_EXACT or dynamic[0].magnitude > _TF32_EXACT
                                   or (weight is not None and int(np.abs(weight[0]).max(initial=0)) > _TF32_EXACT))
     acc = np.float64 if wide else np.float32
-    constants = {}
+    inputs = [d.node.inputs[0] for d in dynamic]
+    weight64 = None
     if weight is not None:
-        wi, dq, w_name = weight
+        wi = weight[0]
         # held as float32 (exact: |wi| < 2**16) for shape inference; float64 copy when wide
-        constants["weight"] = view.add_constant(f"{out}__wi", wi.astype(np.float32), FLOAT)
-        constants["weight64"] = plan._place(Tensor(wi.astype(np.float64), int(DataType.DOUBLE))) \
-            if wide else None
+        inputs.append(view.add_constant(f"{out}__wi", wi.astype(np.float32), FLOAT))
+        if wide:
+            weight64 = plan._place(Tensor(wi.astype(np.float64), int(DataType.DOUBLE)))
     scales = None
     if scale is not None:  # s = sx * sw per output channel (Gemm: times alpha), in float64
         scale = np.asarray(scale, np.float64) * dynamic[0].scale
         scales = (plan._place(Tensor(scale.astype(np.float32), FLOAT)),
-                  plan._place(Tensor(np.asarray(scale, np.float64), int(DataType.DOUBLE))))
+                  plan._place(Tensor(scale, int(DataType.DOUBLE))))
     biases = None
     if bias is not None:
-        b, b_name = bias
-        biases = (plan._place(Tensor(b.astype(np.float32), FLOAT)),
-                  plan._place(Tensor(b, int(DataType.DOUBLE))))
-    inputs = [d.node.inputs[0] for d in dynamic]
-    if weight is not None:
-        inputs.append(constants["weight"])
+        biases = (plan._place(Tensor(bias[0].astype(np.float32), FLOAT)),
+                  plan._place(Tensor(bias[0], int(DataType.DOUBLE))))
     node = oh.make_node(f"Dequantized{p.op_type}", inputs, [out], name=f"{p.name}+dequantized", domain=DOMAIN)
-    from ..graph import PreparedNode
-
     fused = PreparedNode(node)
     # what the original kernels read, kept for calls that run them (see _separately)
     kept = [n for d in dynamic for n in d.node.inputs[1:] if n]
@@ -253,7 +249,7 @@ def _replace(view: View, p, dynamic, weight, scale, bias, bound, attrs) -> bool:
         kept.append(bias[1])
     fallback = {n: plan.constants[n] for n in kept}
     fused.kernel = DequantizedProduct(
-        plan.ctx, p, dynamic, acc, scales, biases, constants.get("weight64"), attrs,
+        plan.ctx, p, dynamic, acc, scales, biases, weight64, attrs,
         weight_dq=None if weight is None else weight[1], bias_name=None if bias is None else bias[1],
         fallback=fallback, inference=_inference_nodes(view, p, dynamic, inputs))
     fused.since_version = 1
