@@ -189,7 +189,7 @@ class Pow(KernelBase):
     def __call__(self, X, Y, axis=None, broadcast=0):
         x = self.tensor(X, "X")
         y = self.host_tensor(Y, "Y")
-        if y.array is None or y.size != 1 or self.since_version < 7:
+        if y.size != 1 or self.since_version < 7:
             y = self.tensor(y, "Y")
         self.check_inputs(x, y)
         xp = self.xp
