@@ -38,6 +38,7 @@ from ..base import KernelBase, register
 from ..math.arith import native_compute
 from ..specialize import specialize
 from . import _conv_host as host
+from . import _depthwise_host as depthwise_host
 from . import _spatial as sp
 
 
@@ -268,7 +269,7 @@ def _depthwise_nd_host(x, w, b, strides, pads, dilations, O):
                       "(outputs x inputs) products for planes no larger than the kernel, "
                       "sum the taps in another order")
 def _depthwise_2d_host(x, w, b, strides, pads, dilations, O):
-    return host.depthwise_2d(x, w, b, strides, pads, dilations, O)
+    return depthwise_host.depthwise_2d(x, w, b, strides, pads, dilations, O)
 
 
 @specialize("Conv.pointwise", device="cpu", ops=("Conv", "ConvInteger"),

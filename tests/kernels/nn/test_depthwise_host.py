@@ -1,4 +1,4 @@
-"""The host depthwise 2-D path (_conv_host.depthwise_2d: per-thread zero-bordered scratch
+"""The host depthwise 2-D path (_depthwise_host.depthwise_2d: per-thread zero-bordered scratch
 reused across channel blocks, the tap windows as a matrix per channel, one batched
 product; wide rows for a unit column stride, exact strided columns otherwise) against a
 float64 loop reference on random inputs: kernel sizes 1-5, row and column strides 1-3,
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gpukernels.kernels.base import KernelContext
-from gpukernels.kernels.nn import _conv_host as conv_host
+from gpukernels.kernels.nn import _depthwise_host as depthwise_host
 from gpukernels.kernels.nn import conv as conv_mod
 from gpukernels.kernels.nn.conv import Conv
 from tests.reference import conv
@@ -100,7 +100,7 @@ NHWC_CASES = [
 def test_depthwise_channels_last_matches_reference(case, dtype, rng, monkeypatch):
     """depthwise_taps_nhwc (forced for every case) against the float64 loop reference."""
     xs, ks, strides, pads, dil = case
-    monkeypatch.setattr(conv_host, "use_channels_last_taps", lambda *a: True)
+    monkeypatch.setattr(depthwise_host, "use_channels_last_taps", lambda *a: True)
     C = xs[1]
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal((C, 1) + ks).astype(dtype)
@@ -116,15 +116,15 @@ def test_depthwise_channels_last_matches_reference(case, dtype, rng, monkeypatch
 def test_depthwise_channels_last_chosen_for_tiny_planes(rng, monkeypatch):
     """The rule picks the channels-last taps for mobile networks' last stages only (and
     never with a channel multiplier); float16 computes in float32 through it."""
-    assert conv_host.use_channels_last_taps(2, 480, 1, 9, 3, 3)       # 2x480x3x3, 3x3 taps
-    assert conv_host.use_channels_last_taps(2, 576, 1, 25, 3, 3)      # 2x576x3x3, 5x5 taps
-    assert conv_host.use_channels_last_taps(2, 672, 1, 25, 6, 6)      # 2x672x6x6, 5x5 taps
-    assert not conv_host.use_channels_last_taps(2, 128, 1, 49, 4, 4)  # 7x7 taps on 4x4
-    assert not conv_host.use_channels_last_taps(2, 72, 1, 9, 24, 24)  # 24x24 planes
-    assert not conv_host.use_channels_last_taps(2, 480, 2, 9, 3, 3)   # multiplier 2
+    assert depthwise_host.use_channels_last_taps(2, 480, 1, 9, 3, 3)       # 2x480x3x3, 3x3 taps
+    assert depthwise_host.use_channels_last_taps(2, 576, 1, 25, 3, 3)      # 2x576x3x3, 5x5 taps
+    assert depthwise_host.use_channels_last_taps(2, 672, 1, 25, 6, 6)      # 2x672x6x6, 5x5 taps
+    assert not depthwise_host.use_channels_last_taps(2, 128, 1, 49, 4, 4)  # 7x7 taps on 4x4
+    assert not depthwise_host.use_channels_last_taps(2, 72, 1, 9, 24, 24)  # 24x24 planes
+    assert not depthwise_host.use_channels_last_taps(2, 480, 2, 9, 3, 3)   # multiplier 2
     calls = []
-    real = conv_host.depthwise_taps_nhwc
-    monkeypatch.setattr(conv_host, "depthwise_taps_nhwc", lambda *a: calls.append(1) or real(*a))
+    real = depthwise_host.depthwise_taps_nhwc
+    monkeypatch.setattr(depthwise_host, "depthwise_taps_nhwc", lambda *a: calls.append(1) or real(*a))
     x = rng.standard_normal((2, 192, 6, 6)).astype(np.float16)
     w = (rng.standard_normal((192, 1, 3, 3)) * 0.3).astype(np.float16)
     y = Conv(KernelContext("cpu"))(x, w, group=192, pads=[1, 1, 1, 1]).numpy()
@@ -152,10 +152,10 @@ PLANE_CASES = [
 def test_depthwise_plane_products_match_reference(case, dtype, rng, monkeypatch):
     xs, mult, ks, strides, pads, dil = case
     Ho, Wo = ((xs[2 + i] + pads[i] + pads[i + 2] - (ks[i] - 1) * dil[i] - 1) // strides[i] + 1 for i in range(2))
-    assert conv_host.use_plane_products(xs[2], xs[3], *ks, Ho, Wo)
+    assert depthwise_host.use_plane_products(xs[2], xs[3], *ks, Ho, Wo)
     calls = []
-    real = conv_host.depthwise_plane_products
-    monkeypatch.setattr(conv_host, "depthwise_plane_products", lambda *a: calls.append(1) or real(*a))
+    real = depthwise_host.depthwise_plane_products
+    monkeypatch.setattr(depthwise_host, "depthwise_plane_products", lambda *a: calls.append(1) or real(*a))
     C = xs[1]
     x = rng.standard_normal(xs).astype(dtype)[:, :, ::-1]  # non-contiguous too
     w = rng.standard_normal((C * mult, 1) + ks).astype(dtype)
@@ -189,9 +189,9 @@ def test_depthwise_plane_products_not_for_non_finite_values(where, rng):
 
 
 def test_depthwise_plane_products_chosen_for_planes_no_larger_than_the_kernel():
-    assert conv_host.use_plane_products(2, 2, 7, 7, 2, 2)
-    assert conv_host.use_plane_products(3, 3, 5, 5, 3, 3)
-    assert conv_host.use_plane_products(3, 3, 3, 3, 3, 3)
-    assert not conv_host.use_plane_products(6, 6, 5, 5, 6, 6)
-    assert not conv_host.use_plane_products(12, 12, 3, 3, 12, 12)
-    assert not conv_host.use_plane_products(2, 2, 3, 3, 200, 200)  # huge pads: many outputs
+    assert depthwise_host.use_plane_products(2, 2, 7, 7, 2, 2)
+    assert depthwise_host.use_plane_products(3, 3, 5, 5, 3, 3)
+    assert depthwise_host.use_plane_products(3, 3, 3, 3, 3, 3)
+    assert not depthwise_host.use_plane_products(6, 6, 5, 5, 6, 6)
+    assert not depthwise_host.use_plane_products(12, 12, 3, 3, 12, 12)
+    assert not depthwise_host.use_plane_products(2, 2, 3, 3, 200, 200)  # huge pads: many outputs
