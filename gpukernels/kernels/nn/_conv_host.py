@@ -45,6 +45,33 @@ def _output(shape, dtype) -> np.ndarray:
     return host_empty(shape, dtype, tuning.value("conv.arena_min_bytes"))
 
 
+def finish(y, epilogue):
+    """y with the epilogue (an activation fused into the convolution: epilogue(src, out)
+    writes act(src) into out) applied in place; y itself without one."""
+    if epilogue is not None:
+        epilogue(y, y)
+    return y
+
+
+def dense_2d(x, w, b, strides, pads, dilations, O, epilogue=None):
+    """2-D, one group, float: the taps that read only padding dropped (trim_taps; a kernel
+    left 1x1 without padding is a pointwise product), then columns copied from strided
+    windows for large strides, per-tap products when the output has few channels next to
+    the input's (no column matrix), else phase-split columns (conv2d).  epilogue: an
+    activation applied to the result (see finish)."""
+    trimmed = trim_taps(x, w, strides, pads, dilations, O)
+    if trimmed is not None:
+        x, w, pads = trimmed
+        if w.shape[2:] == (1, 1) and not any(pads):
+            return pointwise(x, w, b, strides, O, epilogue)
+    per_image = x.dtype.itemsize * (x.shape[1] * w.shape[2] * w.shape[3] + 1) * O[0] * O[1]
+    if use_patches(strides, per_image):
+        return finish(conv2d_patches(x, w, b, strides, pads, dilations, O), epilogue)
+    if use_tap_products(x.shape[1], w.shape[0], strides, O, w.shape[2:], dilations):
+        return finish(conv2d_taps(x, w, b, pads, dilations, O), epilogue)
+    return finish(conv2d(x, w, b, strides, pads, dilations, O), epilogue)
+
+
 def _use_wide(kw, Wq, Wo, K, M) -> bool:
     """Wide rows when the extra columns cost little and the column copy (K rows per
     pixel) outweighs the crop copy (M per pixel); measured on a 2-core AVX-512 host."""
@@ -219,7 +246,7 @@ def conv2d_patches(x, w, b, strides, pads, dilations, O):
     return y
 
 
-def pointwise(x, w, b, strides, O):
+def pointwise(x, w, b, strides, O, epilogue=None):
     """Y = conv(x, w) + b for a 1x1 kernel, one group, no padding, on the host: one
     product W (M x C) @ X[n] (C x pixels) per image, X subsampled by the strides.  The
     bias rides in the product as a row of ones under a copy of X (the copy also does the
@@ -241,11 +268,11 @@ def pointwise(x, w, b, strides, O):
         cols[:, C] = 1
         wm = np.concatenate([wm, b.reshape(M, 1).astype(dtype, copy=False)], axis=1)
         np.matmul(wm, cols, out=y.reshape(N, M, P))
-        return y
+        return finish(y, epilogue)
     np.matmul(wm, x.reshape(N, C, P), out=y.reshape(N, M, P))
     if b is not None:
         y.reshape(N, M, P)[...] += b.reshape(M, 1).astype(dtype, copy=False)
-    return y
+    return finish(y, epilogue)
 
 
 def trim_taps(x, w, strides, pads, dilations, O):

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from ...host import host_blocks, tuning
-from ._conv_host import _output
+from ._conv_host import _output, finish
 
 
 def use_channels_last_taps(N, C, m, T, Ho, Wo) -> bool:
@@ -147,7 +147,7 @@ def _all_finite(*arrays) -> bool:
     return all(bool(np.isfinite(a).all()) for a in arrays)
 
 
-def depthwise_2d(x, w, b, strides, pads, dilations, O):
+def depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue=None):
     """Depthwise 2-D convolution on the host (planes no larger than the kernel:
     depthwise_plane_products; other tiny planes: depthwise_taps_nhwc).
 
@@ -163,7 +163,8 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O):
     1 the windows are "wide" rows (the padded width Wp = Wo + (kw-1)*dw), so each tap's
     window is one contiguous run; the columns past Wo are dropped by the final copy into
     Y.  Units go to the host threads as they come free when the call is big enough to pay
-    for waking a second thread."""
+    for waking a second thread.  epilogue: an activation applied to the result
+    (_conv_host.finish)."""
     N, C, H, W = x.shape
     m = w.shape[0] // C
     kh, kw = w.shape[2:]
@@ -177,9 +178,9 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O):
     dtype = x.dtype
     item = dtype.itemsize
     if use_plane_products(H, W, kh, kw, Ho, Wo) and _all_finite(x, w):
-        return depthwise_plane_products(x, w, b, strides, pads, dilations, O)
+        return finish(depthwise_plane_products(x, w, b, strides, pads, dilations, O), epilogue)
     if use_channels_last_taps(N, C, m, T, Ho, Wo):
-        return depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O)
+        return finish(depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O), epilogue)
     # padded rows/columns holding input data (pads may exceed what the output reads)
     rows, cols = max(0, min(Hp, ph + H) - ph), max(0, min(Wp, pw + W) - pw)
     Tc = T + (b is not None)  # taps, and the row of ones carrying the bias
@@ -214,4 +215,4 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O):
     units = N * nblk
     threads = 2 if N * C * m * Ho * Wo >= tuning.value("depthwise.thread_items") else 1
     host_blocks(units, 1, lambda u0, u1: [unit(u) for u in range(u0, u1)], threads=threads)
-    return y.reshape((N, C * m, Ho, Wo))
+    return finish(y.reshape((N, C * m, Ho, Wo)), epilogue)

@@ -51,10 +51,13 @@ def conv_forward(xp, x, w, b, strides, pads, dilations, group, out_shape=None, k
     return conv_function(xp, x, w, strides, pads, dilations, group, out_shape, kernel)(x, w, b)
 
 
-def conv_function(xp, x, w, strides, pads, dilations, group, out_shape=None, kernel=None):
+def conv_function(xp, x, w, strides, pads, dilations, group, out_shape=None, kernel=None, epilogue=None):
     """The convolution of conv_forward planned once for arrays shaped and typed as x and
     w: a function f(x, w, b=None) -> y for any such arrays (the path, the output shape
-    and the specialisation are chosen here, from shapes, dtypes and attributes only)."""
+    and the specialisation are chosen here, from shapes, dtypes and attributes only).
+    epilogue: None, or an activation fused into the convolution, epilogue(src, out)
+    writing act(src) into out with xp's ufuncs (out may be src); the host paths apply
+    it where they write their output, the others to the finished result."""
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -71,29 +74,37 @@ def conv_function(xp, x, w, strides, pads, dilations, group, out_shape=None, ker
     dtype = x.dtype
     bias_shape = (1, M) + (1,) * n_sp
 
-    def with_bias(step):
+    def with_epilogue(step):
         def run(x, w, b=None):
+            y = step(x, w, b)
+            if epilogue is not None:
+                epilogue(y, y)
+            return y
+        return run
+
+    def with_bias(step):
+        def add_bias(x, w, b):
             y = step(x, w)
             if b is not None:
                 y += b.reshape(bias_shape).astype(dtype, copy=False)
             return y
-        return run
+        return with_epilogue(add_bias)
 
     if N == 0 or M == 0 or sp.prod(O) == 0 or C == 0:  # C == 0: an empty sum, the output is the bias
         return with_bias(lambda x, w: xp.zeros((N, M, *O), dtype=dtype))
     if group == C and w.shape[1] == 1 and group > 1:
         fast = kernel.specialized("Conv.depthwise", x, w) if kernel is not None else None
         if fast is not None:
-            return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O)
-        return lambda x, w, b=None: _depthwise(xp, x, w, b, strides, pads, dilations, O)
+            return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O, epilogue)
+        return with_epilogue(lambda x, w, b: _depthwise(xp, x, w, b, strides, pads, dilations, O))
     if all(k == 1 for k in K) and not any(pads):
         fast = kernel.specialized("Conv.pointwise", x, w, group) if kernel is not None else None
         if fast is not None:
-            return lambda x, w, b=None: fast(x, w, b, strides, O)
+            return lambda x, w, b=None: fast(x, w, b, strides, O, epilogue)
         return with_bias(lambda x, w: _pointwise(xp, x, w, strides, group, O))
     fast = kernel.specialized("Conv.dense", x, w, group) if kernel is not None else None
     if fast is not None:
-        return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O)
+        return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O, epilogue)
     return with_bias(lambda x, w: _im2col(xp, x, w, strides, pads, dilations, group, O, kernel))
 
 
@@ -259,8 +270,8 @@ def _on_host_threads(starts, run_block, per_block):
 
 @specialize("Conv.depthwise", device="cpu", ops=("Conv", "ConvInteger"), when=lambda x, w: x.ndim != 4,
             agreement="exact: the reference's channel blocks, spread over the host threads")
-def _depthwise_nd_host(x, w, b, strides, pads, dilations, O):
-    return _depthwise(np, x, w, b, strides, pads, dilations, O, _on_host_threads)
+def _depthwise_nd_host(x, w, b, strides, pads, dilations, O, epilogue=None):
+    return host.finish(_depthwise(np, x, w, b, strides, pads, dilations, O, _on_host_threads), epilogue)
 
 
 @specialize("Conv.depthwise", device="cpu", ops=("Conv",), when=lambda x, w: x.ndim == 4,
@@ -268,16 +279,16 @@ def _depthwise_nd_host(x, w, b, strides, pads, dilations, O):
                       "products over zero-bordered scratch (the bias in the product), or "
                       "(outputs x inputs) products for planes no larger than the kernel, "
                       "sum the taps in another order")
-def _depthwise_2d_host(x, w, b, strides, pads, dilations, O):
-    return depthwise_host.depthwise_2d(x, w, b, strides, pads, dilations, O)
+def _depthwise_2d_host(x, w, b, strides, pads, dilations, O, epilogue=None):
+    return depthwise_host.depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue)
 
 
 @specialize("Conv.pointwise", device="cpu", ops=("Conv", "ConvInteger"),
             when=lambda x, w, group: group == 1 and x.dtype.kind == "f",
             agreement="rtol 1e-5 (float32): the bias may be added inside the product "
                       "(another rounding order)")
-def _pointwise_host(x, w, b, strides, O):
-    return host.pointwise(x, w, b, strides, O)
+def _pointwise_host(x, w, b, strides, O, epilogue=None):
+    return host.pointwise(x, w, b, strides, O, epilogue)
 
 
 @specialize("Conv.dense", device="cpu", ops=("Conv",),
@@ -286,22 +297,8 @@ def _pointwise_host(x, w, b, strides, O):
                       "sum in another order than the im2col product (or the im2col product "
                       "with the bias inside), without the taps that read only padding "
                       "(finite weights)")
-def _dense_2d_host(x, w, b, strides, pads, dilations, O):
-    """2-D, one group, float: the taps that read only padding dropped (_conv_host.trim_taps;
-    a kernel left 1x1 without padding is a pointwise product), then columns copied from
-    strided windows for large strides, per-tap products when the output has few channels
-    next to the input's (no column matrix), else phase-split columns (_conv_host)."""
-    trimmed = host.trim_taps(x, w, strides, pads, dilations, O)
-    if trimmed is not None:
-        x, w, pads = trimmed
-        if w.shape[2:] == (1, 1) and not any(pads):
-            return host.pointwise(x, w, b, strides, O)
-    per_image = x.dtype.itemsize * (x.shape[1] * w.shape[2] * w.shape[3] + 1) * O[0] * O[1]
-    if host.use_patches(strides, per_image):
-        return host.conv2d_patches(x, w, b, strides, pads, dilations, O)
-    if host.use_tap_products(x.shape[1], w.shape[0], strides, O, w.shape[2:], dilations):
-        return host.conv2d_taps(x, w, b, pads, dilations, O)
-    return host.conv2d(x, w, b, strides, pads, dilations, O)
+def _dense_2d_host(x, w, b, strides, pads, dilations, O, epilogue=None):
+    return host.dense_2d(x, w, b, strides, pads, dilations, O, epilogue)
 
 
 def check_conv_ranks(kernel, x, w, group, w_name="W") -> tuple[int, int]:
