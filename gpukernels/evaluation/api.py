@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..archive import DataError, safe_name
+from ..archive import safe_name
 from ..host import tuning
 from .spec import EvalArgumentError, EvalError, load_spec
 
