@@ -15,7 +15,10 @@ fixed at 1x3x224x224, so one sample per run).  For each, samples per second of:
 * eval, defaults: ``gpukernels.evaluate(...)`` (one worker process per core, one thread
   each);
 * eval, CLI cluster: ``dask scheduler`` + ``dask worker --nworkers 2 --nthreads 1``
-  started from the command line, reached through ``scheduler=ADDRESS``.
+  started from the command line, reached through ``scheduler=ADDRESS``;
+* by hand, one process per core: the plain loop in that many processes at once, each
+  with one thread (``set_cpu_threads(1)``) over its share of the samples, timed from
+  their start to the last one's end -- the ceiling eval's defaults aim at, without Dask.
 
 Every time counts the Session's preparation (the plain loop's, each worker's) and all
 reading and writing; eval's rate is over ``run_seconds`` (first task submitted to last
@@ -127,6 +130,49 @@ def plain_loop(model: str, data: dict, batch: int, run_size) -> float:
     return n / (time.perf_counter() - t0), step
 
 
+def _hand_process(model: str, data_dir: str, lo: int, hi: int, batch: int) -> None:
+    """One process of the 'by hand' run: the plain loop over samples [lo, hi), one thread."""
+    from gpukernels.host.threads import set_cpu_threads
+    from gpukernels.kernels import load_all
+
+    set_cpu_threads(1)
+    load_all()
+    data = {p.stem: np.load(p, mmap_mode="r")[lo:hi] for p in Path(data_dir).glob("*.npy")}
+    print("ready", flush=True)
+    sys.stdin.readline()   # every process loaded: start together
+    from gpukernels.evaluation.spec import load_spec
+
+    plain_loop(model, data, batch, load_spec(model)[0].run_size)
+    print("done", flush=True)
+
+
+def by_hand(model: str, data_dir: Path, n: int, batch: int, processes: int) -> float:
+    """Samples/s of the plain loop in `processes` one-thread processes at once (see the
+    module docstring)."""
+    bounds = [(i * n // processes, (i + 1) * n // processes) for i in range(processes)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, __file__, "--hand", model, str(data_dir), str(lo), str(hi),
+                               str(batch)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             for lo, hi in bounds]
+    try:
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a 'by hand' process failed to start")
+        t0 = time.perf_counter()
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        for proc in procs:
+            if proc.stdout.readline().strip() != "done":
+                raise RuntimeError("a 'by hand' process failed")
+        return n / (time.perf_counter() - t0)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def eval_rate(model, data_dir, out_dir, **kw) -> tuple:
     import gpukernels
 
@@ -161,6 +207,9 @@ def cli_cluster(tmp: Path):
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--hand"]:
+        model, data_dir, lo, hi, batch = sys.argv[2:7]
+        return _hand_process(model, data_dir, int(lo), int(hi), int(batch))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--resnet-samples", type=int, default=96)
     p.add_argument("--bundled-samples", type=int, default=1024)
@@ -208,6 +257,11 @@ def main() -> None:
                 if rate > best.get(plain, (0,))[0]:
                     best[plain] = (rate, "", batch, "1 process")
                 print(label, plain, rate, flush=True)
+                hand_rate = by_hand(model, data_dir, n, batch, os.cpu_count() or 1)
+                hand = f"by hand: {os.cpu_count()} processes x 1 thread, plain loops"
+                if hand_rate > best.get(hand, (0,))[0]:
+                    best[hand] = (hand_rate, "", batch, f"{os.cpu_count()} processes")
+                print(label, hand, hand_rate, flush=True)
                 for what, kw in runs:
                     got = eval_rate(model, data_dir, tmp / "out", **kw)
                     if got[0] > best.get(what, (0,))[0]:
