@@ -155,20 +155,45 @@ _ENTRIES = (
           "the same on the host: the column copy and the product that reads it stay in cache",
           _on_dev("4-16 MiB best on a 2-core x86")),
     Entry("conv.host_cols_bytes", 8 * _MiB, "bytes",
-          "column buffer of the host 2-D Conv (im2col by phase images): images per product "
-          "against cache", _on_dev("2-core AVX-512 host")),
-    Entry("conv.host_fold_pixels", 64, "output pixels per image",
+          "column buffer of the host 2-D Conv (im2col by phase images; conv2d_windows: columns "
+          "and product, and separately its kept zero-bordered scratch per thread): images per "
+          "product against cache",
+          _on_dev("2-core AVX-512 host") + "; " +
+          _on_vm("8 MiB beat 2 MiB, 1 MiB and 512 KiB by 5-25% on UNet's 2x16x96x96 to "
+                 "2x64x16x16 3x3 convolutions (1 thread)")),
+    Entry("conv.host_fold_pixels", 2304, "output pixels per image",
           "host 2-D Conv: images this small share one product (the batch folded into the "
-          "columns, the weights packed once): 2x256x3x3 by 256x256x3x3 730 -> 530 us, "
-          "no gain from 144 pixels on", _on_dev("2-core VM, 1 thread")),
+          "columns, the weights packed once, Y written by a transposing copy)",
+          _on_vm("conv2d_windows, 2 BLAS threads: 2x32x24x24 by 32x32x3x3 516 -> 483 us, "
+                 "2x16x48x48 by 32x16x3x3 920 -> 824 us; 1 thread within 3% up to 48x48; "
+                 "2x16x96x96 2556 -> 2680 us")),
+    Entry("conv.host_wide_cost", 512, "multiply-adds per kernel tap and output row",
+          "host 2-D Conv (conv2d_windows): wide rows (one copy run per window, M * (Wq - Wo) "
+          "extra multiply-adds) up to this and when the extra columns are at most half the "
+          "row, else exact rows (Ho copy runs per window)",
+          _on_vm("2 BLAS threads: 2x128x8x8 by 128x128x3x3 797 -> 582 us, 2x64x12x12 by "
+                 "128x64x3x3 864 -> 683 us (1 thread: 1-4% slower); 2x128x12x12 dilation 4 "
+                 "(M * 8 = 1024) exact 1576 vs wide 2525 us")),
+    Entry("conv.host_phase_pixels", 0, "output pixels per image",
+          "host 2-D Conv (conv2d_windows) with strides of up to 4 phases: phase images "
+          "(contiguous copy runs, one more copy per phase) above this, else windows read with "
+          "the strides",
+          _on_vm("2 BLAS threads: phase images always faster (2x32x24x24 by 64x32x3x3 stride 2 "
+                 "336 -> 218 us, 2x64x16x16 by 128x64x3x3 493 -> 348 us); 1 thread: within "
+                 "10% either way below 256 pixels")),
     Entry("conv.arena_min_bytes", 256 * _KiB, "bytes",
           "host Conv outputs from this size on come from the Session's arena (fresh arrays of a "
           "few MB are page-faulted in again on every call inside a model)", _CHOSEN),
     Entry("depthwise.thread_items", 1 << 22, "output elements",
           "host depthwise Conv: output elements per thread before a second thread is woken "
-          "(waking one costs more than it saves for calls of a few ms)", _on_dev("2-core VM")),
-    Entry("depthwise.taps_block_bytes", 512 * _KiB, "bytes",
-          "host depthwise Conv: tap copies of one channel block", _on_dev("5-15% faster than 1 MiB")),
+          "(waking one costs more than it saves for calls of a few ms)",
+          _on_dev("2-core VM") + "; " + _on_vm("load 3.7: two threads 1.4-1.75x slower on every "
+                                               "mobile-network shape (2x72x24x24 3x3 282 -> 440 us)")),
+    Entry("depthwise.taps_block_bytes", 4 * _MiB, "bytes",
+          "host depthwise Conv: tap copies of one channel block (every image's): fewer, "
+          "bigger blocks against cache",
+          _on_vm("1 thread, CPU time: 2x16x48x48 3x3 375 -> 205 us from 256 KiB to 4 MiB, "
+                 "2x72x24x24 3x3 355 -> 275 (512 KiB), 2x32x16x16 7x7 355 -> 260; no gain past 4 MiB")),
     Entry("depthwise.cache_block_bytes", 256 * _KiB, "bytes",
           "depthwise Conv of other ranks: channels per block so the block stays in cache", _CHOSEN),
     # ------------------------------------------------------------ host/threads.py

@@ -1,30 +1,38 @@
 """Host-only (NumPy) 2-D convolution paths, chosen by conv.conv_forward:
 
 * ``pointwise``: 1x1 kernels, one product per image (the bias inside it when cheaper);
-* ``conv2d``: column matrix over a phase split of the padded input, one product;
+* ``conv2d_windows``: column matrix of every window copied at once (per phase) from a
+  kept zero-bordered scratch, one product for all small images, one copy into Y
+  (with the epilogue); images whose columns fit ``conv.host_cols_bytes``;
+* ``conv2d``: column matrix over a phase split of the padded input, in row blocks when
+  one image's columns exceed the budget;
 * ``conv2d_taps``: no column matrix, one product per kernel tap over wide-row views
   (unit strides, few output channels next to the input's; ``use_tap_products``);
-* ``conv2d_patches``: column matrix copied from one strided view of every window, for
-  large strides ("patchify" embeddings; ``use_patches``);
 
 Depthwise convolutions are in _depthwise_host.py.
 
-Each is measured against the others on a 2-core AVX-512 host; see their docstrings.
+Each is measured against the others (a 2-core AVX-512 host, later a 2-core AMD EPYC VM);
+see their docstrings and host/tuning.py.  Every path takes ``epilogue`` (an activation
+fused into the convolution, ``finish``): applied in the path's final copy into Y where
+it has one, else as a pass over Y.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 
 import numpy as np
 
 from ...host import host_empty, tuning
 
 
-# Host (NumPy) 2-D convolution.  Strides and dilations are removed by a phase split of the
-# zero-padded input: along an axis with stride s, tap i reads padded position o*s + i*d =
-# (o + q)*s + r with q, r = divmod(i*d, s), i.e. row o + q of phase image r (the padded
-# rows r, r + s, ...), so every tap reads a contiguous, stride-1 run of a phase image.
+# Host (NumPy) 2-D convolution by phase images (conv2d; conv2d_windows too for strides of
+# up to 4 phases).  Strides and dilations are removed by a phase split of the zero-padded
+# input: along an axis with stride s, tap i reads padded position o*s + i*d = (o + q)*s + r
+# with q, r = divmod(i*d, s), i.e. row o + q of phase image r (the padded rows r, r + s,
+# ...), so every tap reads a contiguous, stride-1 run of a phase image.
 # The column matrix is then filled by one copy per (kernel row, column phase) -- rows
 # (channel, tap) -- and a row of ones carries the bias into the matrix product, whose
 # output lands in NCHW order.  Two layouts of the columns:
@@ -55,21 +63,23 @@ def finish(y, epilogue):
 
 def dense_2d(x, w, b, strides, pads, dilations, O, epilogue=None):
     """2-D, one group, float: the taps that read only padding dropped (trim_taps; a kernel
-    left 1x1 without padding is a pointwise product), then columns copied from strided
-    windows for large strides, per-tap products when the output has few channels next to
-    the input's (no column matrix), else phase-split columns (conv2d).  epilogue: an
-    activation applied to the result (see finish)."""
+    left 1x1 without padding is a pointwise product), then per-tap products when the
+    output has few channels next to the input's (no column matrix), else the columns of
+    every window copied at once (conv2d_windows) when one image's columns fit the column
+    budget, else phase-split columns in row blocks (conv2d).  epilogue: an activation
+    applied to the result (see finish)."""
     trimmed = trim_taps(x, w, strides, pads, dilations, O)
     if trimmed is not None:
         x, w, pads = trimmed
         if w.shape[2:] == (1, 1) and not any(pads):
             return pointwise(x, w, b, strides, O, epilogue)
-    per_image = x.dtype.itemsize * (x.shape[1] * w.shape[2] * w.shape[3] + 1) * O[0] * O[1]
-    if use_patches(strides, per_image):
-        return finish(conv2d_patches(x, w, b, strides, pads, dilations, O), epilogue)
-    if use_tap_products(x.shape[1], w.shape[0], strides, O, w.shape[2:], dilations):
-        return finish(conv2d_taps(x, w, b, pads, dilations, O), epilogue)
-    return finish(conv2d(x, w, b, strides, pads, dilations, O), epilogue)
+    C, M = x.shape[1], w.shape[0]
+    if use_tap_products(C, M, strides, O, w.shape[2:], dilations):
+        return conv2d_taps(x, w, b, pads, dilations, O, epilogue)
+    wq = O[1] + (w.shape[3] - 1) * dilations[1]  # at most the wide rows' width
+    if use_windows(x.dtype.itemsize * (C * w.shape[2] * w.shape[3] + 1 + M) * O[0] * wq):
+        return conv2d_windows(x, w, b, strides, pads, dilations, O, epilogue)
+    return conv2d(x, w, b, strides, pads, dilations, O, epilogue)
 
 
 def _use_wide(kw, Wq, Wo, K, M) -> bool:
@@ -78,32 +88,51 @@ def _use_wide(kw, Wq, Wo, K, M) -> bool:
     return kw > 1 and (Wq - Wo) * 8 <= Wo and K >= 4 * M
 
 
-def _phase_split(x, sh, sw, ph, pw, Hq, Wq, out):
-    """out[n, c, rh, rw, a, b] = padded x[n, c, a*sh + rh - ph, b*sw + rw - pw] (zero outside
-    x), for a < Hq, b < Wq; out's spare row a = Hq is zeroed (wide reads run into it)."""
-    H, W = x.shape[2:]
-    out[:, :, :, :, Hq:] = 0
+def _phase_regions(H, W, sh, sw, ph, pw, Hq, Wq):
+    """The data of each phase image: (rh, rw, a0, a1, b0, b1, y0, x0) with phase image
+    (rh, rw) rows a0:a1, columns b0:b1 read from x rows y0::sh, columns x0::sw (the rest
+    of the phase image is padding); phases reading no data are left out."""
     for rh in range(sh):
         a0 = max(0, -(-(ph - rh) // sh))
         a1 = min(Hq, (H - 1 + ph - rh) // sh + 1)
         for rw in range(sw):
             b0 = max(0, -(-(pw - rw) // sw))
             b1 = min(Wq, (W - 1 + pw - rw) // sw + 1)
+            if a1 > a0 and b1 > b0:
+                yield rh, rw, a0, a1, b0, b1, a0 * sh + rh - ph, b0 * sw + rw - pw
+
+
+def _copy_regions(x, sh, sw, regions, out):
+    """out[:, :, rh, rw, a0:a1, b0:b1] = the strided rows and columns of x they hold."""
+    for rh, rw, a0, a1, b0, b1, y0, x0 in regions:
+        out[:, :, rh, rw, a0:a1, b0:b1] = x[:, :, y0:y0 + (a1 - a0 - 1) * sh + 1:sh,
+                                            x0:x0 + (b1 - b0 - 1) * sw + 1:sw]
+
+
+def _phase_split(x, sh, sw, ph, pw, Hq, Wq, out):
+    """out[n, c, rh, rw, a, b] = padded x[n, c, a*sh + rh - ph, b*sw + rw - pw] (zero outside
+    x), for a < Hq, b < Wq; out's spare row a = Hq is zeroed (wide reads run into it)."""
+    regions = list(_phase_regions(x.shape[2], x.shape[3], sh, sw, ph, pw, Hq, Wq))
+    data = {(r[0], r[1]): r for r in regions}
+    out[:, :, :, :, Hq:] = 0
+    for rh in range(sh):
+        for rw in range(sw):
             dst = out[:, :, rh, rw, :Hq]
-            if a1 <= a0 or b1 <= b0:
+            if (rh, rw) not in data:
                 dst[...] = 0
                 continue
+            _, _, a0, a1, b0, b1, _, _ = data[(rh, rw)]
             dst[:, :, :a0] = 0
             dst[:, :, a1:] = 0
             dst[:, :, a0:a1, :b0] = 0
             dst[:, :, a0:a1, b1:] = 0
-            y0, x0 = a0 * sh + rh - ph, b0 * sw + rw - pw
-            dst[:, :, a0:a1, b0:b1] = x[:, :, y0:y0 + (a1 - a0 - 1) * sh + 1:sh,
-                                        x0:x0 + (b1 - b0 - 1) * sw + 1:sw]
+    _copy_regions(x, sh, sw, regions, out)
 
 
-def conv2d(x, w, b, strides, pads, dilations, O):
-    """Y = conv(x, w) + b for 2-D, group 1, float x on the host (see the comment above)."""
+def conv2d(x, w, b, strides, pads, dilations, O, epilogue=None):
+    """Y = act(conv(x, w) + b) for 2-D, group 1, float x on the host (see the comment
+    above); the epilogue is a pass over Y at the end (finish): the product lands in Y
+    in row blocks, the bias may be added at the end."""
     N, C, H, W = x.shape
     M, _, kh, kw = w.shape
     (sh, sw), (dh, dw) = strides, dilations
@@ -188,62 +217,206 @@ def conv2d(x, w, b, strides, pads, dilations, O):
             np.matmul(wm, cc, out=dst)
     if bias is not None and not ones_row:
         y += bias
-    return y
+    return finish(y, epilogue)
 
 
-def use_patches(strides, per_image_bytes) -> bool:
-    """conv2d_patches for strides of more than 4 phases (sh * sw > 4), where conv2d's
-    phase split costs a few small copies per phase, when one image's columns fit the
-    column budget.  Measured on a 2-core host (shared, 1 thread, float32): ViT's 16x16
-    stride-16 embedding of 2x3x64x64 2780 -> 150 us, CLIP's 32x32 stride 32 10.5 -> 0.2
-    ms, SegFormer's 8x8 stride 8 on 2x16x16x16 730 -> 64 us, its 7x7 stride 4 340 -> 150
-    us.  At stride 2 the two are within 10-15% either way (3x3 kernels on large images
-    favour the patches, folded small images and 7x7 stems the phase split), and no model
-    ran measurably faster with patches there."""
-    return strides[0] * strides[1] > 4 and per_image_bytes <= tuning.value("conv.host_cols_bytes")
+_SCRATCH = threading.local()  # per thread: "planes" (geometry -> zero-bordered phase images), "flat"
 
 
-def conv2d_patches(x, w, b, strides, pads, dilations, O):
-    """Y = conv(x, w) + b for 2-D, group 1, float x on the host: per chunk of images
-    (columns within conv.host_cols_bytes), the zero-padded input (when there is padding,
-    else x itself) is read through one strided view of every window, (image, channel,
-    kernel row, kernel column, output row, output column), and copied at once into the
-    column matrix, one product per image writes Y; the bias rides in the product as a
-    row of ones."""
-    N, C, H, W = x.shape
-    M, _, kh, kw = w.shape
-    (sh, sw), (dh, dw), (Ho, Wo) = strides, dilations, O
-    ph, pw = pads[0], pads[1]
+def _planes(key, shape, dtype) -> np.ndarray:
+    """Zero-bordered phase-image scratch for one geometry (key), kept per thread: a call
+    writes only the data regions, so the padding stays zero for the next call of that
+    geometry.  The most recently used ones are kept, together at most
+    conv.host_cols_bytes (a larger one is not kept)."""
+    cache = getattr(_SCRATCH, "planes", None)
+    if cache is None:
+        cache = _SCRATCH.planes = {}
+    z = cache.pop(key, None)
+    if z is None:
+        z = np.zeros(shape, dtype)
+        budget = tuning.value("conv.host_cols_bytes")
+        if z.nbytes > budget:
+            return z
+        held = sum(a.nbytes for a in cache.values())
+        while cache and held + z.nbytes > budget:
+            held -= cache.pop(next(iter(cache))).nbytes
+    cache[key] = z  # last: the most recently used
+    return z
+
+
+def _flat(count, dtype) -> np.ndarray:
+    """An uninitialised 1-D scratch of count elements, from a per-thread buffer reused
+    across calls (grown when a call needs more; the callers keep it within
+    conv.host_cols_bytes)."""
+    dtype = np.dtype(dtype)
+    buf = getattr(_SCRATCH, "flat", None)
+    nbytes = count * dtype.itemsize
+    if buf is None or buf.nbytes < nbytes:
+        buf = _SCRATCH.flat = np.empty(max(nbytes, 1), np.uint8)
+    return buf[:nbytes].view(dtype)
+
+
+def _tap_groups(k, s, d):
+    """The kernel taps along one axis grouped by the phase they read: (phase r, first tap,
+    tap step, tap count, first offset q0, offset step) with tap t reading phase-image
+    position o + (t*d)//s for output o."""
+    groups = []
+    for r in range(s):
+        ts = [t for t in range(k) if (t * d) % s == r]
+        if ts:
+            step = ts[1] - ts[0] if len(ts) > 1 else 1
+            groups.append((r, ts[0], step, len(ts), (ts[0] * d) // s, (step * d) // s))
+    return groups
+
+
+def use_windows(per_image_bytes) -> bool:
+    """conv2d_windows when one image's columns and product fit the column budget."""
+    return per_image_bytes <= tuning.value("conv.host_cols_bytes")
+
+
+def conv2d_windows(x, w, b, strides, pads, dilations, O, epilogue=None, wide=None, phases=None,
+                   fold=None):
+    """Y = act(conv(x, w) + b) for 2-D, group 1, float x on the host in few NumPy calls,
+    for images whose columns fit the column budget (the caller checks: use_windows).
+
+    Per chunk of images (columns and product within conv.host_cols_bytes): (1) the
+    interior of a per-thread zero-bordered scratch is written (_planes: kept across
+    calls, so the padding is never rewritten) -- the padded images, or with strides of
+    up to 4 phases their phase images (phases; one copy per phase); (2) one copy per
+    pair of row and column phases (one in all at unit strides or without phase images)
+    lays out every tap's windows as the column matrix, rows (channel, kernel row, kernel
+    column) in W's own order -- with wide rows (wide; unit strides or phase images) a
+    window is one run of Ho * Wq elements (the rows over the phase-image width, cropped
+    afterwards), else Ho runs of Wo; (3) one product: small images (fold) share it,
+    columns (rows, image, pixels), so BLAS packs the weights once; (4) one copy writes Y
+    (transposed to NCHW, cropped, with the epilogue applied on the way).  Exact rows of
+    unfolded images need no copy: the product writes Y and the epilogue is a pass over
+    it (finish).  The bias rides in the product (a row of ones) when the pixels
+    outnumber the weight columns (copying the weights costs less than a pass), else it
+    is added to the product in place before the copy, so the epilogue sees the final
+    value either way.  The geometry is planned once per shape (_windows_plan); wide,
+    phases and fold (None: the tuning entries' choice) force a layout.
+
+    Measured on a 2-core AMD EPYC VM shared with other jobs (OpenBLAS Haswell kernels;
+    best of alternating runs, float32, against conv2d with its choices), 1 BLAS thread:
+    2x16x24x24 by 16x16x3x3 182 -> 152 us, 2x64x12x12 by 64x64x3x3 413 -> 355 us,
+    2x64x12x12 by 128x64x3x3 stride 2 302 -> 228 us, 2x48x8x8 by 48x48x3x3 191 -> 145 us,
+    2x128x3x3 by 128x128x3x3 221 -> 192 us, 2x3x96x96 by 32x3x7x7 stride 2 854 -> 764 us;
+    equal from 48x48 planes on.  2 BLAS threads (noisier): 2x64x12x12 by 64x64x3x3 600
+    -> 457 us, 2x64x6x6 292 -> 205 us, 2x48x8x8 326 -> 217 us, 2x128x8x8 by 256x128x3x3
+    stride 2 512 -> 412 us.  Large strides (more than 4 phases: "patchify" embeddings)
+    read the windows with the strides, one copy in all; against the former conv2d_patches
+    (one strided copy per chunk, fresh zero padding and columns, one product per image),
+    1 thread: SegFormer's 7x7 stride 4 on 2x3x64x64 129 -> 118 us, 8x8 stride 8 on
+    2x16x16x16 63 -> 53 us, 4x4 stride 4 on 2x32x8x8 49 -> 39 us, ViT's 16x16 stride 16
+    on 2x3x32x32 49 -> 42 us, YOLOS' 8x8 stride 8 on 2x3x64x64 119 -> 117 us (2 threads:
+    211 -> 195 us)."""
+    M = w.shape[0]
     dtype = x.dtype
-    Hp, Wp = (Ho - 1) * sh + (kh - 1) * dh + 1, (Wo - 1) * sw + (kw - 1) * dw + 1
-    rows, cols_in = max(0, min(Hp, ph + H) - ph), max(0, min(Wp, pw + W) - pw)
-    padded = ph or pw or Hp > H or Wp > W
-    K = C * kh * kw
-    ones = b is not None
+    p = _windows_plan(x.shape, w.shape, dtype, b is not None, tuple(strides), tuple(pads[:2]),
+                      tuple(dilations), tuple(O), wide, phases, fold, tuning.value("conv.host_cols_bytes"),
+                      tuning.value("conv.host_wide_cost"), tuning.value("conv.host_phase_pixels"),
+                      tuning.value("conv.host_fold_pixels"))
+    N, C, kh, kw, Ho, Wo, Wc, L, K, nb = p.N, p.C, p.kh, p.kw, p.Ho, p.Wo, p.Wc, p.L, p.K, p.nb
+    fold, direct, Kc = p.fold, p.direct, p.Kc
     wm = w.reshape(M, K)
-    if ones:
+    if p.ones_row:
         wm = np.concatenate([wm, b.reshape(M, 1).astype(dtype, copy=False)], axis=1)
-    P = Ho * Wo
-    nb = max(1, min(N, tuning.value("conv.host_cols_bytes") // max(1, (K + ones) * P * dtype.itemsize)))
-    cols = np.empty((nb, K + ones, P), dtype)
-    if ones:
-        cols[:, K] = 1
-    pad = np.zeros((nb, C, Hp, Wp), dtype) if padded else None
+    z = _planes(p.key, p.z_shape, dtype)
+    flat = _flat(p.flat, dtype)
     y = _output((N, M, Ho, Wo), dtype)
     for n0 in range(0, N, nb):
         n = min(N, n0 + nb) - n0
-        src = x[n0:n0 + n]
-        if padded:
-            if rows and cols_in:
-                pad[:n, :, ph:ph + rows, pw:pw + cols_in] = src[:, :, :rows, :cols_in]
-            src = pad[:n]
-        st = src.strides
-        windows = np.lib.stride_tricks.as_strided(
-            src, (n, C, kh, kw, Ho, Wo), (st[0], st[1], dh * st[2], dw * st[3], sh * st[2], sw * st[3]),
-            writeable=False)
-        cols[:n, :K].reshape(n, C, kh, kw, Ho, Wo)[...] = windows
-        np.matmul(wm, cols[:n], out=y[n0:n0 + n].reshape(n, M, P))
+        _copy_regions(x[n0:n0 + n], p.ps_h, p.ps_w, p.regions, z[:n])
+        if fold:  # rows (channel, kernel row, kernel column), then (image, pixels)
+            cc = flat[:Kc * n * L].reshape(Kc, n * L)
+            c6 = cc[:K].reshape(C, kh, kw, n, Ho, Wc)
+        else:  # (image, rows, pixels), seen as the same 6 axes
+            cc = flat[:n * Kc * L].reshape(n, Kc, L)
+            c6 = cc[:, :K].reshape(n, C, kh, kw, Ho, Wc).transpose(1, 2, 3, 0, 4, 5)
+        for offset, strides6, ni, nj, taps in p.copies:
+            c6[taps] = np.ndarray((C, ni, nj, n, Ho, Wc), dtype, z, offset, strides6)
+        if p.ones_row:
+            cc[K if fold else (slice(None), K)] = 1
+        if direct:
+            np.matmul(wm, cc, out=y[n0:n0 + n].reshape(n, M, L))
+            continue
+        res = flat[nb * Kc * L:][:M * n * L]
+        if fold:
+            np.matmul(wm, cc, out=res.reshape(M, n * L))
+            src = res.reshape(M, n, Ho, Wc)[..., :Wo].transpose(1, 0, 2, 3)
+        else:
+            np.matmul(wm, cc, out=res.reshape(n, M, L))
+            src = res.reshape(n, M, Ho, Wc)[..., :Wo]
+        if b is not None and not p.ones_row:
+            res.reshape((M, n * L) if fold else (n, M, L))[...] += b.reshape(M, 1).astype(dtype, copy=False)
+        if epilogue is None:
+            y[n0:n0 + n] = src
+        else:
+            epilogue(src, y[n0:n0 + n])
+    if direct:
+        if b is not None and not p.ones_row:
+            y += b.reshape(M, 1, 1).astype(dtype, copy=False)
+        return finish(y, epilogue)
     return y
+
+
+class _WindowsPlan:
+    """conv2d_windows' geometry for one shape (see _windows_plan)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+@functools.lru_cache(maxsize=512)
+def _windows_plan(xs, ws, dtype, bias, strides, pads, dilations, O, wide, phases, fold,
+                  cols_bytes, wide_cost, phase_pixels, fold_pixels):
+    """The shape-only part of conv2d_windows: tap groups, scratch shapes, the copies'
+    offsets and strides, the chunk size (the tuning values are arguments so that an
+    override plans anew)."""
+    N, C, H, W = xs
+    M, _, kh, kw = ws
+    (sh, sw), (dh, dw), (Ho, Wo) = strides, dilations, O
+    item = dtype.itemsize
+    if phases is None:
+        # phase images for strides of up to 4 phases when the output is large enough that
+        # the contiguous runs they give pay for one more copy per phase
+        phases = tuple(strides) != (1, 1) and sh * sw <= 4 and Ho * Wo > phase_pixels
+    if fold is None:
+        fold = Ho * Wo <= fold_pixels  # small images: the weights packed once
+    # per axis: the phase split's stride and the view's stride over outputs
+    ps_h, ps_w, vs_h, vs_w = (sh, sw, 1, 1) if phases else (1, 1, sh, sw)
+    rows, cols = _tap_groups(kh, ps_h, dh), _tap_groups(kw, ps_w, dw)
+    Hq = (Ho - 1) * vs_h + 1 + max(g[4] + (g[3] - 1) * g[5] for g in rows)
+    Wq = (Wo - 1) * vs_w + 1 + max(g[4] + (g[3] - 1) * g[5] for g in cols)
+    if vs_h != 1 or vs_w != 1:
+        wide = False
+    elif wide is None:  # the product's extra columns against Ho copy runs per window
+        wide = M * (Wq - Wo) <= wide_cost and 2 * (Wq - Wo) <= Wo
+    Wc = Wq if wide else Wo
+    L = Ho * Wc
+    K = C * kh * kw
+    ones_row = bias and K < N * L
+    Kc = K + ones_row
+    direct = not fold and not wide  # the product lands in Y
+    nb = max(1, min(N, cols_bytes // ((Kc + (0 if direct else M)) * L * item)))
+    z_shape = (nb, C, ps_h, ps_w, Hq + 1, Wq)
+    zs = [item * math.prod(z_shape[i + 1:]) for i in range(len(z_shape))]  # z's strides
+    copies = []
+    for rh, i0, istep, ni, qh, qhs in rows:
+        for rw, j0, jstep, nj, qw, qws in cols:
+            # wide rows: a run of Ho * Wq per (channel, tap, image); else Ho runs of Wo
+            copies.append((int(rh * zs[2] + rw * zs[3] + (qh * Wq + qw) * item),
+                           tuple(int(v) for v in (zs[1], qhs * Wq * item, qws * item, zs[0],
+                                                  vs_h * Wq * item, vs_w * item)),
+                           ni, nj, (slice(None), slice(i0, i0 + (ni - 1) * istep + 1, istep),
+                                    slice(j0, j0 + (nj - 1) * jstep + 1, jstep))))
+    return _WindowsPlan(
+        N=N, C=C, kh=kh, kw=kw, Ho=Ho, Wo=Wo, Wc=Wc, L=L, K=K, Kc=Kc, nb=nb,
+        fold=fold, direct=direct, ones_row=ones_row, ps_h=ps_h, ps_w=ps_w,
+        regions=tuple(_phase_regions(H, W, ps_h, ps_w, pads[0], pads[1], Hq, Wq)),
+        key=(dtype.str, nb, C, ps_h, ps_w, Hq, Wq, H, W, pads[0], pads[1]), z_shape=z_shape,
+        copies=tuple(copies), flat=nb * (Kc * L + (0 if direct else M * L)))
 
 
 def pointwise(x, w, b, strides, O, epilogue=None):
@@ -283,12 +456,24 @@ def trim_taps(x, w, strides, pads, dilations, O):
     the pads are what is left of the padding on each side, so the output shape is O
     again.  Skipped taps would add exact zeros: the values are the same (up to the sign
     of a zero sum).  DeepLabV3's ASPP branches (3x3, dilation 12 and 18, on 12x12
-    planes) become 1x1 convolutions."""
-    n_sp = x.ndim - 2
-    K = w.shape[2:]
+    planes) become 1x1 convolutions.  The geometry is planned once per shape
+    (_trim_plan); the finiteness of w is checked on every call that trims."""
+    plan = _trim_plan(x.shape, w.shape, tuple(strides), tuple(pads), tuple(dilations), tuple(O))
+    if plan is None or not np.isfinite(w).all():
+        return None
+    crops, taps, new_pads = plan
+    return x[crops], w[taps], list(new_pads)
+
+
+@functools.lru_cache(maxsize=1024)
+def _trim_plan(xs, ws, strides, pads, dilations, O):
+    """trim_taps' shape-only part: (x's crop, w's taps, the pads left) as index tuples,
+    or None when nothing is trimmed."""
+    n_sp = len(xs) - 2
+    K = ws[2:]
     crops, taps, begin, end = [], [], [], []
     for i in range(n_sp):
-        k, d, p, s, o, S = K[i], dilations[i], pads[i], strides[i], O[i], x.shape[2 + i]
+        k, d, p, s, o, S = K[i], dilations[i], pads[i], strides[i], O[i], xs[2 + i]
         t0 = max(0, -(-(p - (o - 1) * s) // d))  # first tap reading row >= 0 for the last output
         t1 = min(k, (S - 1 + p) // d + 1)         # past the last tap reading row <= S - 1
         if t0 >= t1:
@@ -299,10 +484,10 @@ def trim_taps(x, w, strides, pads, dilations, O):
         taps.append(slice(t0, t1))
         begin.append(max(0, -start))
         end.append(max(0, stop - S))
-    if all(t.start == 0 and t.stop == k for t, k in zip(taps, K)) or not np.isfinite(w).all():
+    if all(t.start == 0 and t.stop == k for t, k in zip(taps, K)):
         return None
     lead = (slice(None), slice(None))
-    return x[lead + tuple(crops)], w[lead + tuple(taps)], begin + end
+    return lead + tuple(crops), lead + tuple(taps), tuple(begin + end)
 
 
 def use_tap_products(C, M, strides, O, K, dilations) -> bool:
@@ -314,7 +499,7 @@ def use_tap_products(C, M, strides, O, K, dilations) -> bool:
     return tuple(strides) == (1, 1) and wide >= 128 and (2 * M <= C or (M <= 32 and C >= 64))
 
 
-def conv2d_taps(x, w, b, pads, dilations, O):
+def conv2d_taps(x, w, b, pads, dilations, O, epilogue=None):
     """Y = conv(x, w) + b for 2-D, group 1, unit strides on the host, without a column
     matrix: the zero-padded planes of an image are laid out with "wide" rows (the padded
     width Wp = Wo + (kw-1)*dw, plus a spare zero row), so the input window of kernel tap
@@ -322,7 +507,8 @@ def conv2d_taps(x, w, b, pads, dilations, O):
     i*dh*Wp + j*dw -- a (C, Ho*Wp) matrix view with the plane size as its row stride,
     which BLAS reads directly.  Y's wide rows are the sum over taps of W[:, :, i, j] @
     view (one product per tap, accumulated); the columns past Wo are dropped by the copy
-    into Y, which also adds the bias."""
+    into Y, which also adds the bias (or, with an epilogue, applies it: the bias is
+    then added to the accumulator first)."""
     N, C, H, W = x.shape
     M, _, kh, kw = w.shape
     dh, dw = dilations
@@ -353,7 +539,11 @@ def conv2d_taps(x, w, b, pads, dilations, O):
                     np.matmul(wt[i, j], view, out=tmp)
                     acc += tmp
         res = acc.reshape(M, Ho, Wp)[:, :, :Wo]
-        if bias is None:
+        if epilogue is not None:  # the final value first (the bias into acc), then act
+            if bias is not None:
+                acc += bias.reshape(M, 1)
+            epilogue(res, y[n])
+        elif bias is None:
             y[n] = res
         else:
             np.add(res, bias, out=y[n])
