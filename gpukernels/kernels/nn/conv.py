@@ -18,9 +18,9 @@ Paths (all on the array namespace, so they run on NumPy and CuPy alike):
 Host specialisations (registered, chosen by the kernel; paths='reference' turns them
 off): 1x1 convolutions of one group are one product per image with the bias inside
 when that is cheaper (``Conv.pointwise``); 2-D convolutions take the NumPy-only paths
-of _conv_host.py (``Conv.dense``: a
-phase-split column matrix, or tap products without one; ``Conv.depthwise``: per-channel
-products), depthwise convolutions of other ranks spread their channel blocks over the
+of _conv_host.py (``Conv.dense``: window columns copied at once from a kept padded
+scratch, a phase-split column matrix in row blocks for large images, or tap products
+without columns) and _depthwise_host.py (``Conv.depthwise``), depthwise convolutions of other ranks spread their channel blocks over the
 host threads, and im2col products of whole images are written straight into the output
 (``Conv.product``).  ``conv_function`` makes every choice once per input signature, which
 is what a compiled graph calls (``Conv.array_function``: no per-call validation).
@@ -293,7 +293,7 @@ def _pointwise_host(x, w, b, strides, O, epilogue=None):
 
 @specialize("Conv.dense", device="cpu", ops=("Conv",),
             when=lambda x, w, group: x.ndim == 4 and group == 1 and x.dtype.kind == "f",
-            agreement="rtol 1e-5 (float32): phase-split columns or per-tap products (BLAS) "
+            agreement="rtol 1e-5 (float32): window or phase-split columns, or per-tap products (BLAS) "
                       "sum in another order than the im2col product (or the im2col product "
                       "with the bias inside), without the taps that read only padding "
                       "(finite weights)")
