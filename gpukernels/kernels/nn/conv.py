@@ -20,8 +20,8 @@ off): 1x1 convolutions of one group are one product per image with the bias insi
 when that is cheaper (``Conv.pointwise``); 2-D convolutions take the NumPy-only paths
 of _conv_host.py (``Conv.dense``: window columns copied at once from a kept padded
 scratch, a phase-split column matrix in row blocks for large images, or tap products
-without columns) and _depthwise_host.py (``Conv.depthwise``), depthwise convolutions of other ranks spread their channel blocks over the
-host threads, and im2col products of whole images are written straight into the output
+without columns) and _depthwise_host.py (``Conv.depthwise``), depthwise convolutions
+of other ranks spread their channel blocks over the host threads, and im2col products of whole images are written straight into the output
 (``Conv.product``).  ``conv_function`` makes every choice once per input signature, which
 is what a compiled graph calls (``Conv.array_function``: no per-call validation).
 
