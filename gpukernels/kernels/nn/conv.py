@@ -21,9 +21,10 @@ when that is cheaper (``Conv.pointwise``); 2-D convolutions take the NumPy-only 
 of _conv_host.py (``Conv.dense``: window columns copied at once from a kept padded
 scratch, a phase-split column matrix in row blocks for large images, or tap products
 without columns) and _depthwise_host.py (``Conv.depthwise``), depthwise convolutions
-of other ranks spread their channel blocks over the host threads, and im2col products of whole images are written straight into the output
-(``Conv.product``).  ``conv_function`` makes every choice once per input signature, which
-is what a compiled graph calls (``Conv.array_function``: no per-call validation).
+of other ranks spread their channel blocks over the host threads, and im2col products
+of whole images are written straight into the output (``Conv.product``).
+``conv_function`` makes every choice once per input signature, which is what a
+compiled graph calls (``Conv.array_function``: no per-call validation).
 
 Half types (float16, bfloat16) are computed in float32 and rounded once; double stays
 double.  On a GPU the hand-written CUDA kernel (gpukernels.gpu.conv) is tried first.
