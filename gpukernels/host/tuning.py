@@ -193,7 +193,9 @@ _ENTRIES = (
           "host depthwise Conv: tap copies of one channel block (every image's): fewer, "
           "bigger blocks against cache",
           _on_vm("1 thread, CPU time: 2x16x48x48 3x3 375 -> 205 us from 256 KiB to 4 MiB, "
-                 "2x72x24x24 3x3 355 -> 275 (512 KiB), 2x32x16x16 7x7 355 -> 260; no gain past 4 MiB")),
+                 "2x72x24x24 3x3 355 -> 275 (512 KiB), 2x32x16x16 7x7 355 -> 260; no gain past 4 MiB "
+                 "(warm caches; with the caches evicted before each call 1 MiB was 0-15% faster, "
+                 "inside mobilenet_v2 within noise)")),
     Entry("depthwise.cache_block_bytes", 256 * _KiB, "bytes",
           "depthwise Conv of other ranks: channels per block so the block stays in cache", _CHOSEN),
     # ------------------------------------------------------------ host/threads.py
