@@ -23,13 +23,16 @@ from .arena import host_empty
 _POOL = None
 
 
+_CORES = max(1, min(os.cpu_count() or 1, 8))  # os.cpu_count() costs ~3 us a call
+
+
 def host_threads() -> int:
     """Worker threads for large host kernels: GPUKERNELS_CPU_THREADS, else the number of
     cores (at most 8)."""
     value = os.environ.get("GPUKERNELS_CPU_THREADS")
     if value and value.isdigit():
         return max(1, int(value))
-    return max(1, min(os.cpu_count() or 1, 8))
+    return _CORES
 
 
 _BLAS_LIMITS = None  # the threadpoolctl limiter set_cpu_threads installed (restores on None)
