@@ -133,12 +133,18 @@ def test_option_values_and_defaults():
                      [vi("x", TP.FLOAT, [2, 3])], [vi("y", TP.FLOAT, None)], [init("W", np.ones((3, 3), np.float32))])
     assert ops(Session(chain)) == ops(Session(chain, options={"optimize": True})) == ["MatMul", "Relu"]
     assert ops(Session(chain, options={"optimize": "all"})) == ["InPlaceChain"]
+    # 'conv_activation' by default: an activation after a Conv becomes its epilogue
+    conv = model_of([oh.make_node("Conv", ["x", "W"], ["h"]), oh.make_node("Relu", ["h"], ["y"])],
+                    [vi("x", TP.FLOAT, [1, 3, 4, 4])], [vi("y", TP.FLOAT, None)],
+                    [init("W", np.ones((2, 3, 1, 1), np.float32))])
+    assert ops(Session(conv)) == ["InPlaceChain"] and Session(conv).graph.optimized == {"conv_activation": 1}
+    assert ops(Session(conv, options={"optimize": "shapes,conv_bn"})) == ["Conv", "Relu"]
     with pytest.raises(OptionError, match="unknown pass"):
         Session(m, options={"optimize": ["shapes", "fuse_everything"]})
     with pytest.raises(OptionError, match="optimize"):
         Session(m, options={"optimize": 3})
     assert set(PASSES) == {"shapes", "specialize", "conv_bn", "dequantized", "layernorm", "rmsnorm", "gelu", "silu",
-                           "attention", "inplace"}
+                           "attention", "conv_activation", "inplace"}
 
 
 def test_parity_all_nodes_sees_every_node(rng):
