@@ -8,8 +8,8 @@ Nothing here imports kernels/ or runtime/: kernels call ``host_empty`` and
 from __future__ import annotations
 
 from .arena import HostArena, HostRun, current_run, host_empty, pooled_empty, root_of, suspended
-from .threads import copy_array, host_blocks, host_threads, parallel_ranges, set_cpu_threads
+from .threads import copy_array, host_blocks, host_threads, on_host_thread, parallel_ranges, set_cpu_threads
 
 __all__ = ["HostArena", "HostRun", "current_run", "host_empty", "pooled_empty", "root_of",
-           "suspended", "copy_array", "host_blocks", "host_threads", "parallel_ranges",
+           "suspended", "copy_array", "host_blocks", "host_threads", "on_host_thread", "parallel_ranges",
            "set_cpu_threads"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import os
+import threading
 
 import numpy as np
 
@@ -67,14 +68,24 @@ def set_cpu_threads(n: "int | None") -> "int | None":
     return n
 
 
+_POOL_THREAD = threading.local()  # .active: set in the pool's threads
+
+
+def on_host_thread() -> bool:
+    """Whether the caller is one of the host threads (a range of parallel_ranges)."""
+    return getattr(_POOL_THREAD, "active", False)
+
+
 def parallel_ranges(n: int, min_items: int, fn) -> None:
     """Run fn(start, stop) over [0, n), split into one contiguous range per thread when
     every range gets at least min_items items (otherwise in the calling thread).  The
     caller's NumPy error state and context variables apply in every thread; the first
-    exception is re-raised."""
+    exception is re-raised.  Called from one of the host threads (a kernel inside a
+    range), it runs in that thread: a range waiting for the pool it occupies could wait
+    for ever."""
     global _POOL
     workers = min(host_threads(), n // max(1, min_items))
-    if workers <= 1:
+    if workers <= 1 or on_host_thread():
         fn(0, n)
         return
     if _POOL is None or _POOL._max_workers < workers - 1:
@@ -84,6 +95,7 @@ def parallel_ranges(n: int, min_items: int, fn) -> None:
     errstate = np.geterr()
 
     def run(lo, hi):
+        _POOL_THREAD.active = True  # the pool's threads run nothing else
         with np.errstate(**errstate):
             fn(lo, hi)
 

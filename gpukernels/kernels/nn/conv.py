@@ -371,11 +371,12 @@ class Conv(KernelBase):
         y = conv_forward(self.xp, xc, wc, bc, strides, pads, dilations, int(group), out, kernel=self)
         return self.from_compute(y, x.data_type)
 
-    def array_function(self, inputs, attrs):
+    def array_function(self, inputs, attrs, epilogue=None):
         """Compiled graphs: float32/float64 inputs (computed natively) on the host, the
         attributes resolved and the path chosen once for these shapes (conv_function),
         so a call is the convolution alone.  None on a GPU, where the hand-written CUDA
-        kernel decides per call."""
+        kernel decides per call.  epilogue: an activation fused into the output write
+        (conv_function; the graph pass conv_activation)."""
         if self.on_gpu or len(inputs) not in (2, 3) or not native_compute(inputs) \
                 or inputs[0].array.dtype.kind != "f":
             return None
@@ -385,4 +386,5 @@ class Conv(KernelBase):
         strides, pads, dilations, out = conv_attributes(
             self, x, w, a["kernel_shape"], a["strides"], a["dilations"], a["pads"],
             a["auto_pad"] if a["auto_pad"] is not None else "NOTSET", group)
-        return conv_function(self.xp, x.array, w.array, strides, pads, dilations, group, out, kernel=self)
+        return conv_function(self.xp, x.array, w.array, strides, pads, dilations, group, out, kernel=self,
+                             epilogue=epilogue)

@@ -37,12 +37,10 @@ import threading
 
 import numpy as np
 
-from ...host import host_blocks, pooled_empty, tuning
+from ...host import host_blocks, on_host_thread, pooled_empty, tuning
 from ..math._mathcommon import scalar_value
 from ..math.activations import _LOGISTIC_CHAINS
-from ..math.arith import native_compute
 from ..math.clip_pow import _bound, _clip_host
-from .conv import conv_attributes, conv_function
 
 # a source laid out unlike the output is copied into it first (then every step runs on
 # contiguous memory) from this many elements on; below, the steps read it as it is (the
@@ -141,7 +139,7 @@ class Epilogue:
             s = src[lo:hi]
             step(np, s, s if same else out[lo:hi], tmp, scratch)
 
-        if self.blocked == "serial" or _on_host_thread():
+        if self.blocked == "serial" or on_host_thread():
             for lo in range(0, src.size, block):
                 one(lo, min(src.size, lo + block))
         else:
@@ -169,12 +167,6 @@ def _same(src, out) -> bool:
     if src.__class__ is np.ndarray:
         return np.may_share_memory(src, out)
     return src.data.ptr == out.data.ptr
-
-
-def _on_host_thread() -> bool:
-    """Whether the caller is one of the host threads (gpukernels.host.threads names them
-    'gpukernels...'): it then must not wait for the others."""
-    return threading.current_thread().name.startswith("gpukernels")
 
 
 # --------------------------------------------------------------------------- builders
@@ -285,21 +277,3 @@ def _leaky_relu(kernel, attrs, dtype):
         np.multiply(s, a, out=o, where=mask)
 
     return Epilogue("LeakyRelu", kernel.xp, leaky, late=True)  # a GPU computes a new array anyway
-
-
-def conv_array_function(conv, inputs, attrs, epilogue):
-    """Conv.array_function with ``epilogue`` applied where the convolution writes its
-    output (conv_function's epilogue): the same conditions (host, float32/float64, two or
-    three inputs), the attributes resolved and the path chosen once; None otherwise.
-    (Conv.array_function itself could take the epilogue: conv.py is not this module's.)"""
-    if conv.on_gpu or len(inputs) not in (2, 3) or not native_compute(inputs) \
-            or inputs[0].array.dtype.kind != "f":
-        return None
-    x, w = inputs[0], inputs[1]
-    a = {k: attrs.get(k) for k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")}
-    group = int(a["group"] if a["group"] is not None else 1)
-    strides, pads, dilations, out = conv_attributes(
-        conv, x, w, a["kernel_shape"], a["strides"], a["dilations"], a["pads"],
-        a["auto_pad"] if a["auto_pad"] is not None else "NOTSET", group)
-    return conv_function(conv.xp, x.array, w.array, strides, pads, dilations, group, out, kernel=conv,
-                         epilogue=epilogue)

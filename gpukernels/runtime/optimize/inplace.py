@@ -47,7 +47,7 @@ from onnx import helper as oh
 from ...dtypes import DataType
 from ...kernels.base import KernelBase, lookup
 from ...kernels.nn.conv import Conv
-from ...kernels.nn.epilogues import ACTIVATIONS, build_epilogue, conv_array_function
+from ...kernels.nn.epilogues import ACTIVATIONS, build_epilogue
 from ...tensor import Tensor
 from ..graph import PreparedNode
 from .rewrite import View
@@ -274,7 +274,7 @@ class InPlaceChain(KernelBase):
         if self.epilogue is not None and not self.steps and type(self.producer) is Conv \
                 and inputs[0].data_type == self.data_type:
             # the registered Conv on float32/float64 inputs returns their type: no check
-            fused = conv_array_function(self.producer, list(inputs[:n]), dict(self.producer_attrs), self.epilogue)
+            fused = self.producer.array_function(list(inputs[:n]), dict(self.producer_attrs), epilogue=self.epilogue)
             if fused is not None:
                 return fused
         fn = self.producer.array_function(list(inputs[:n]), dict(self.producer_attrs))
