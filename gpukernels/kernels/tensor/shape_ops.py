@@ -466,18 +466,29 @@ class Split(KernelBase):
         ax = norm_axis(self, attrs.get("axis", 0), x.ndim)
         sizes = self.part_sizes(x, ax, given, attrs.get("num_outputs"))
         xp = xp_for(self, x)
-        return values_guarded("Split", guards, lambda data: _parts(xp, data, ax, sizes))
+        indices = _part_indices(x.ndim, ax, sizes)  # once: the shapes are fixed
+        return values_guarded("Split", guards, lambda data: _take_parts(xp, data, indices))
+
+
+def _part_indices(ndim: int, ax: int, sizes: list) -> list:
+    """The index tuples of the consecutive parts of the given sizes along ax."""
+    indices, start = [], 0
+    for size in sizes:
+        index = [slice(None)] * ndim
+        index[ax] = slice(start, start + size)
+        indices.append(tuple(index))
+        start += size
+    return indices
+
+
+def _take_parts(xp, array, indices) -> tuple:
+    """array[index] for each index, C-contiguous (a copy unless the part already is)."""
+    return tuple(xp.ascontiguousarray(array[index]) for index in indices)
 
 
 def _parts(xp, array, ax: int, sizes: list) -> tuple:
-    """Contiguous copies of array's consecutive parts of the given sizes along ax."""
-    bounds = np.cumsum([0] + sizes)
-    index = [slice(None)] * array.ndim
-    outs = []
-    for i in range(len(sizes)):
-        index[ax] = slice(int(bounds[i]), int(bounds[i + 1]))
-        outs.append(xp.ascontiguousarray(array[tuple(index)]))
-    return tuple(outs)
+    """array's consecutive parts of the given sizes along ax, C-contiguous (_take_parts)."""
+    return _take_parts(xp, array, _part_indices(array.ndim, ax, sizes))
 
 
 def slice_bounds(dim: int, start: int, end: int, step: int) -> slice:

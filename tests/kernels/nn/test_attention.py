@@ -438,9 +438,11 @@ def test_host_only_failing_blocks_redone(device, path, rng, tuning, shifted_bloc
     np.testing.assert_allclose(got, attention_heads(Q, K, V, causal=causal), rtol=1e-4, atol=1e-5)
 
 
-def test_host_underflow_and_large_v_blocks(device, path, rng, shifted_blocks):
+def test_host_underflow_and_large_v_blocks(device, path, rng, shifted_blocks, tuning):
     """Row sums that underflow (scores far below 0) and E @ V that overflows (huge V), each
-    in its own batch entry: both redone, the rest kept (default block size)."""
+    in its own batch entry: both redone, the rest kept (default block size; few_rows below
+    the 7 rows, so that the batches are not folded into one block)."""
+    tuning({"attention.few_rows": 4})
     Q, K, V = rand(rng, 3, 2, 7, 4), rand(rng, 3, 2, 7, 4), rand(rng, 3, 2, 7, 3)
     K[0] = -np.abs(K[0])
     Q[0] = np.abs(Q[0]) * 70
@@ -560,10 +562,18 @@ def test_host_path_not_taken(device, rng, sites_taken, kwargs):
     assert "Attention.blocks" not in taken
 
 
-def test_host_path_not_taken_with_mask(device, rng, sites_taken):
+def test_host_path_taken_with_mask(device, rng, sites_taken):
+    """attn_mask stays on the host path (on the host; tests/test_transformer_speedups.py
+    covers its forms), nonpad_kv_seqlen does not."""
     Q, K, V = rand(rng, 1, 2, 4, 8), rand(rng, 1, 2, 4, 8), rand(rng, 1, 2, 4, 8)
+    mask = rng.random((4, 4)) > 0.3
+    mask[:, 0] = True
     with sites_taken() as taken:
-        host_kernel(device, "auto")(Q, K, V, np.ones((4, 4), bool))
+        got = host_kernel(device, "auto")(Q, K, V, mask).Y.numpy()
+    assert ("Attention.blocks" in taken) == host_path(device, "auto")
+    np.testing.assert_allclose(got, naive(Q, K, V, mask)[0], rtol=1e-5, atol=1e-5)
+    with sites_taken() as taken:
+        host_kernel(device, "auto", opset=24)(Q, K, V, nonpad_kv_seqlen=np.array([3], np.int64))
     assert "Attention.blocks" not in taken
 
 
