@@ -42,6 +42,7 @@ from ...host import host_blocks, host_empty, pooled_empty, tuning
 from ..base import KernelBase, register
 from ..specialize import specialize
 from ._mathcommon import MathUnary, XUnary, blockwise, compute_step_function, erf
+from .unary import host_bound
 
 
 def _sigmoid(xp, x):
@@ -90,13 +91,25 @@ def _chain_hard_swish(xp, x, out, scratch):
 
 def _chain_mish(xp, x, out, scratch):
     f = x.dtype.type
-    xp.clip(x, f(-np.inf), f(20), out=out)  # min(x, 20); NaN stays NaN
+    if xp is np:  # min(x, 20); NaN stays NaN (the bits of clip(x, -inf, 20), faster)
+        host_bound(np.minimum, x, f(20), out)
+    else:
+        xp.clip(x, f(-np.inf), f(20), out=out)
     xp.exp(out, out=out)                 # e
     xp.add(out, f(2), out=scratch)
     out *= scratch                       # n = e (e + 2)
     xp.add(out, f(2), out=scratch)
     out /= scratch                       # n / (n + 2) = tanh(softplus(x))
     out *= x
+
+
+def _minimum(xp, x, c, out):
+    """minimum(x, c) into out; on the host through host_bound (unary.py: the same bits,
+    faster)."""
+    if xp is np:
+        host_bound(np.minimum, x, c, out)
+    else:
+        xp.minimum(x, c, out=out)
 
 
 # operator -> (chain, whether it needs a scratch block)
@@ -321,7 +334,7 @@ def _gelu_block(xp, xb, p, z, q, pc, qc):
     """Gelu of the block xb into p, with z and q as scratch of the same size."""
     f = np.float32
     xp.multiply(xb, xb, out=z)
-    xp.minimum(z, f(1e4), out=z)  # keeps z^3 finite; g(100) is far in the saturated tail
+    _minimum(xp, z, f(1e4), z)  # keeps z^3 finite; g(100) is far in the saturated tail
     xp.multiply(z, pc[3], out=p)
     p += pc[2]
     p *= z

@@ -41,6 +41,7 @@ from ...host import host_blocks, on_host_thread, pooled_empty, tuning
 from ..math._mathcommon import scalar_value
 from ..math.activations import _LOGISTIC_CHAINS
 from ..math.clip_pow import _bound, _clip_host
+from ..math.unary import host_bound
 
 # a source laid out unlike the output is copied into it first (then every step runs on
 # contiguous memory) from this many elements on; below, the steps read it as it is (the
@@ -206,24 +207,14 @@ def build_epilogue(kernel, attrs: dict, dtype, bounds=None):
 
 
 def _relu(xp, dtype):
-    """Relu: the kernel's maximum(x, 0).  On the host against a block of zeros instead of
-    the scalar (the same maximum of each element with +0, so the same bits, -0 and NaN
-    included; NumPy 2.4 vectorises maximum of two arrays but not of an array and a
-    scalar: float32 in place, 1 thread, 2x16x24x24 27.5 -> 4.4 us, 1x64x112x112 577 ->
-    130 us), block by block in the calling thread."""
+    """Relu: the kernel's maximum(x, 0), on the host through the kernel's host_bound
+    (against a kept block of zeros: the same bits), block by block in the calling
+    thread."""
     zero = dtype.type(0)
     if xp is not np:
         return Epilogue("Relu", xp, lambda xp, s, o, tmp, scratch: xp.maximum(s, zero, out=o), blocked="")
-    zeros = np.zeros(tuning.value("logistic.block_elems"), dtype)
-    zeros.flags.writeable = False
-
-    def relu(xp, s, o, tmp, scratch):
-        if s.ndim == 1 and s.size <= zeros.size and s.flags.c_contiguous and o.flags.c_contiguous:
-            np.maximum(s, zeros[:s.size].reshape(s.shape), out=o)
-        else:
-            np.maximum(s, zero, out=o)
-
-    return Epilogue("Relu", xp, relu, blocked="serial")
+    return Epilogue("Relu", xp, lambda xp, s, o, tmp, scratch: host_bound(np.maximum, s, zero, o),
+                    blocked="serial")
 
 
 def _clip(kernel, attrs, dtype, bounds):
