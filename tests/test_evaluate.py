@@ -25,6 +25,7 @@ from gpukernels.cli import main
 from gpukernels.evaluation import EvalArgumentError, MissingExtraError, evaluate, read_outputs
 from gpukernels.evaluation.stats import sample_errors, summarize
 from gpukernels.host import set_cpu_threads
+from gpukernels.xp import cuda_status
 from gpukernels.runtime import Session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,9 +112,13 @@ def write_zarr_group(path, data):
     return path
 
 
-def sequential(model, data, batch, run_size=None):
-    """The reference: one Session, a plain loop over the same batches."""
-    sess = Session(model)
+def sequential(model, data, batch, run_size=None, device=None):
+    """The reference: one Session, a plain loop over the same batches, on device (None:
+    the one eval picks by default, a GPU when one is usable: its sums may differ from
+    the CPU's)."""
+    if device is None:
+        device = "cuda:0" if cuda_status().available else "cpu"
+    sess = Session(model, device=device)
     n = len(next(iter(data.values())))
     parts = []
     step = run_size or batch
@@ -151,7 +156,7 @@ def test_outputs_equal_a_sequential_run(tmp_path, client, fmt, out_name):
     assert (result.data_format, result.samples, result.batches, result.batches_run) == (fmt, 23, 6, 6)
     assert sorted(result.written) == list(range(6))
     assert result.output_format == ("zarr" if out_name.endswith(".zarr") else "npz")
-    assert_same(read_outputs(out), sequential(model, data, 4))
+    assert_same(read_outputs(out), sequential(model, data, 4, device="cpu"))
 
 
 def test_cli_with_an_existing_scheduler_and_a_fixed_batch_model(tmp_path, client, capsys):
@@ -166,7 +171,7 @@ def test_cli_with_an_existing_scheduler_and_a_fixed_batch_model(tmp_path, client
     text = capsys.readouterr().out
     assert code == 0, text
     assert "11 samples" in text and "3 run, 0 already written" in text and "samples/s" in text
-    assert_same(read_outputs(out), sequential(model, data, 4, run_size=2))
+    assert_same(read_outputs(out), sequential(model, data, 4, run_size=2, device="cpu"))
     assert main(["eval", model, "--data", str(src), "--batch", "3", "--scheduler", client.scheduler.address]) == 2
     assert "multiple of it" in capsys.readouterr().err
 
@@ -228,7 +233,7 @@ def test_default_local_cluster_from_the_cli(tmp_path, capsys):
     assert report["scheduler"].startswith("local cluster") and report["batches_run"] == 4
     cores = len(os.sched_getaffinity(0))
     assert sum(w["threads"] for w in report["workers"]) <= cores
-    assert_same(read_outputs(out), sequential(model, data, 5))
+    assert_same(read_outputs(out), sequential(model, data, 5, device="cpu"))
 
 
 def _kernels_loaded() -> bool:
@@ -512,7 +517,6 @@ def test_bad_arguments(tmp_path, capsys):
     folder = write_npy_folder(tmp_path / "data", make_data(4))
     with pytest.raises(EvalArgumentError, match="--batch"):
         evaluate(model, str(folder), batch=0)
-    from gpukernels.xp import cuda_status
 
     if not cuda_status().available:   # a local cluster on a GPU this machine lacks: exit 3
         assert main(["eval", model, "--data", str(folder), "--device", "cuda"]) == 3
@@ -539,7 +543,6 @@ def test_set_cpu_threads_sets_host_and_blas_threads(monkeypatch):
 
 
 def test_parity_without_devices_uses_the_usable_ones(tmp_path, capsys):
-    from gpukernels.xp import cuda_status
 
     model = small_model(tmp_path / "m.onnx")
     assert main(["parity", model, "--against", "reference"]) == 0
