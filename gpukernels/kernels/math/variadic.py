@@ -44,11 +44,14 @@ class _Variadic(KernelBase):
 
     def array_function(self, inputs, attrs):
         """Opset 8+, every input computed in its own type: values() for the
-        recorded (broadcast) shape."""
+        recorded (broadcast) shape; for two inputs (the common case) pair(xp, result
+        dtype): combine() of two arrays as one function, whose result is a new array."""
         if self.since_version < 8 or not inputs or not native_compute(inputs):
             return None
         shape = np.broadcast_shapes(*[t.shape for t in inputs])
         xp, values = self.xp, self.values
+        if len(inputs) == 2:
+            return self.pair(xp, np.result_type(*[t.array.dtype for t in inputs]))
         return lambda *arrays: values(xp, arrays, shape)
 
 
@@ -59,22 +62,35 @@ def _fold(ufunc, arrays):
     return acc
 
 
-@register()
-class Max(_Variadic):
-    def combine(self, xp, arrays):
-        return _fold(xp.maximum, arrays)
+class _Fold(_Variadic):
+    """combine() folds the inputs with ufunc(xp); two inputs: the ufunc itself."""
 
-
-@register()
-class Min(_Variadic):
     def combine(self, xp, arrays):
-        return _fold(xp.minimum, arrays)
+        return _fold(self.ufunc(xp), arrays)
+
+    def pair(self, xp, dtype):
+        return self.ufunc(xp)
 
 
 @register()
-class Sum(_Variadic):
-    def combine(self, xp, arrays):
-        return _fold(xp.add, arrays)
+class Max(_Fold):
+    @staticmethod
+    def ufunc(xp):
+        return xp.maximum
+
+
+@register()
+class Min(_Fold):
+    @staticmethod
+    def ufunc(xp):
+        return xp.minimum
+
+
+@register()
+class Sum(_Fold):
+    @staticmethod
+    def ufunc(xp):
+        return xp.add
 
 
 @register()
@@ -82,3 +98,7 @@ class Mean(_Variadic):
     def combine(self, xp, arrays):
         s = _fold(xp.add, arrays)
         return s / s.dtype.type(len(arrays))
+
+    def pair(self, xp, dtype):
+        add, divide, two = xp.add, xp.divide, dtype.type(2)
+        return lambda a, b: divide(add(a, b), two)

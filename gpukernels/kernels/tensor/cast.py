@@ -45,13 +45,21 @@ _NATIVE_FLOATS = (DataType.FLOAT16, DataType.FLOAT, DataType.DOUBLE)
 def _values(xp, t: Tensor, on_gpu: bool):
     """t's values in a dtype xp computes with: float32 for small floats, int8/uint8 for
     sub-byte integers, the element type otherwise."""
-    i = dtypes.info(t.data_type)
-    arr = t.array
-    if i.is_exotic:
-        if i.kind == "float":
-            return codec.decode(xp, arr, t.data_type) if on_gpu else arr.astype(np.float32)
-        return arr.astype(i.storage)
-    return arr
+    to_values = _values_function(xp, t.data_type, on_gpu)[0]
+    return t.array if to_values is None else to_values(t.array)
+
+
+def _values_function(xp, src: DataType, on_gpu: bool):
+    """(f, dtype): _values as f(array) for arrays of element type src (None where it is
+    the array itself) and the dtype of its result."""
+    i = dtypes.info(src)
+    if not i.is_exotic:
+        return None, np.dtype(i.numpy)
+    if i.kind == "float":
+        f = (lambda arr: codec.decode(xp, arr, src)) if on_gpu else (lambda arr: arr.astype(np.float32))
+        return f, np.dtype(np.float32)
+    storage = i.storage
+    return (lambda arr: arr.astype(storage)), np.dtype(storage)
 
 
 def float_to_int(xp, x, target: np.dtype, bits: int | None = None):
@@ -148,32 +156,58 @@ def cast_tensor(kernel: KernelBase, t: Tensor, to: DataType, saturate: bool = Tr
 
 
 def _convert(kernel, xp, v, src: DataType, to: DataType, saturate, round_mode, on_gpu) -> Tensor:
+    return Tensor.wrap(_converter(kernel, xp, v.dtype, src, to, saturate, round_mode, on_gpu)(v), to)
+
+
+def _converter(kernel, xp, vtype: np.dtype, src: DataType, to: DataType, saturate, round_mode, on_gpu):
+    """f(v) -> the storage array of ``to`` for values v of dtype vtype (src's values as
+    _values gives them): every choice made from the types, once."""
     out = dtypes.info(to)
-    src_info = dtypes.info(src)
-    src_float = v.dtype.kind == "f"
     if to == DataType.BOOL:
-        return Tensor.wrap(v != 0, to)
-    if v.dtype == np.bool_:
-        v = v.astype(np.uint8) if out.is_integer else v.astype(np.float32)
-        src_float = v.dtype.kind == "f"
+        return lambda v: v != 0
+    if vtype == np.bool_:
+        widened = np.uint8 if out.is_integer else np.float32
+        convert = _converter(kernel, xp, np.dtype(widened), src, to, saturate, round_mode, on_gpu)
+        return lambda v: convert(v.astype(widened))
+    src_float = vtype.kind == "f"
     if out.kind == "float":
         if to in _NATIVE_FLOATS:
-            with np.errstate(over="ignore"):
-                return Tensor.wrap(v.astype(out.numpy), to)
-        if not src_float:
-            v = v.astype(xp.float64)  # integers: round once from their exact double
-        bits = codec.encode(xp, v, to, bool(saturate), round_mode)
-        return Tensor.wrap(bits if on_gpu else bits.view(out.numpy), to)
+            return _native_float_cast(vtype, out.numpy)
+        encode, saturate = codec.encode, bool(saturate)
+        view = None if on_gpu else out.numpy
+
+        def encoded(v):
+            if not src_float:
+                v = v.astype(xp.float64)  # integers: round once from their exact double
+            bits = encode(xp, v, to, saturate, round_mode)
+            return bits if view is None else bits.view(view)
+
+        return encoded
     if out.is_integer:
-        storage = out.storage
-        if src_float:
-            r = float_to_int(xp, v, storage, out.bits)
-        else:
-            r = wrap_int(xp, v, storage, out.bits)
-        return Tensor.wrap(r if on_gpu or not out.is_exotic else r.view(out.numpy), to)
+        narrow, storage, nbits = (float_to_int if src_float else wrap_int), out.storage, out.bits
+        if on_gpu or not out.is_exotic:
+            return lambda v: narrow(xp, v, storage, nbits)
+        view = out.numpy
+        return lambda v: narrow(xp, v, storage, nbits).view(view)
     if out.kind == "complex":
-        return Tensor.wrap(v.astype(out.numpy), to)
-    raise kernel.type_error(f"cannot cast {dtypes.describe(src_info.data_type)} to {dtypes.describe(to)}")
+        target = out.numpy
+        return lambda v: v.astype(target)
+    raise kernel.type_error(f"cannot cast {dtypes.describe(src)} to {dtypes.describe(to)}")
+
+
+def _native_float_cast(vtype: np.dtype, target: np.dtype):
+    """v -> v.astype(target), overflow to +-inf allowed (NumPy's float-error state is not
+    entered where no value of vtype can overflow target)."""
+    target = np.dtype(target)
+    if target.itemsize == 8 or np.can_cast(vtype, target, "safe") or (
+            target == np.float32 and vtype.kind in "iu"):
+        return lambda v: v.astype(target)
+
+    def cast(v):
+        with np.errstate(over="ignore"):
+            return v.astype(target)
+
+    return cast
 
 
 def _target_type(kernel, to) -> DataType:
@@ -208,11 +242,11 @@ class Cast(KernelBase):
         return deliver(self, cast_tensor(self, x, dt, bool(saturate), round_mode), out)
 
     def array_function(self, inputs, attrs):
-        """Non-string source and target: cast_tensor on the stored array."""
+        """Non-string source and target: cast_tensor's conversion, chosen once."""
         if len(inputs) != 1 or inputs[0].__class__ is not Tensor:
             return None
         dt = _target_type(self, attrs.get("to"))
-        return _cast_function(self, inputs[0].data_type, dt, attrs)
+        return _cast_function(self, inputs[0], dt, attrs)
 
 
 @register()
@@ -231,19 +265,25 @@ class CastLike(KernelBase):
         """As Cast's; the target type's array is passed and not read."""
         if len(inputs) != 2 or any(t.__class__ is not Tensor for t in inputs):
             return None
-        fn = _cast_function(self, inputs[0].data_type, inputs[1].data_type, attrs)
+        fn = _cast_function(self, inputs[0], inputs[1].data_type, attrs)
         return None if fn is None else (lambda x, target_type: fn(x))
 
 
-def _cast_function(kernel, src: DataType, to: DataType, attrs: dict):
-    """Compiled graphs: array -> cast_tensor(...) array of a src tensor, with the
-    attributes resolved; None for STRING on either side (host object arrays)."""
+def _cast_function(kernel, t: Tensor, to: DataType, attrs: dict):
+    """Compiled graphs: array -> cast_tensor(...)'s array for tensors of t's element type
+    (t: the recorded input), the attributes resolved and the conversion chosen once;
+    None for STRING on either side (host object arrays)."""
+    src, to = t.data_type, DataType(int(to))
     if DataType.STRING in (src, to):
         return None
     saturate, round_mode = bool(attrs.get("saturate", 1)), attrs.get("round_mode", "up")
     _check_round_mode(kernel, round_mode)
-    wrap = Tensor.wrap
-    return lambda x: cast_tensor(kernel, wrap(x, src), to, saturate, round_mode).array
+    if src == to:
+        return lambda x: x.copy()
+    xp, on_gpu = kernel.xp, kernel.on_gpu
+    to_values, vtype = _values_function(xp, src, on_gpu)
+    convert = _converter(kernel, xp, vtype, src, to, saturate, round_mode, on_gpu)
+    return convert if to_values is None else (lambda x: convert(to_values(x)))
 
 
 @register()

@@ -4,6 +4,10 @@ Unique, ReverseSequence.
 Indices may be int32 or int64 and negative (counting from the end).  Every index is
 range-checked (a min/max reduction) before the gather itself runs; an index out of range
 raises a KernelInputError naming the operator, the bad value and the axis size.
+
+Compiled graphs (array_function) plan per input signature: constant indices (frozen
+arrays, see is_frozen) are checked and normalised once, at their first call, and kept;
+other indices are checked on every call.
 """
 
 from __future__ import annotations
@@ -39,6 +43,43 @@ def checked_indices(kernel, xp, idx, size: int, what: str = "indices", **inputs)
     return idx
 
 
+def is_frozen(array) -> bool:
+    """Whether array is a host array nobody can write: read-only, as every array it views,
+    down to immutable memory (bytes) or its own.  The runtime freezes the constants it
+    keeps across runs (runtime.graph.freeze), so a frozen array passed again is the same
+    constant with the same values."""
+    while array.__class__ is np.ndarray:
+        if array.flags.writeable:
+            return False
+        array = array.base
+    return array is None or array.__class__ is bytes
+
+
+def constant_memo(plan):
+    """f(idx, *more) -> plan(idx, *more), computed once for a frozen idx (a constant, the
+    same array object on every call; see is_frozen) and kept; on every call otherwise.
+    plan may raise (an index out of range): nothing is kept then."""
+    kept_for = kept = None
+
+    def memo(idx, *more):
+        nonlocal kept_for, kept
+        if idx is kept_for:
+            return kept
+        value = plan(idx, *more)
+        if is_frozen(idx):
+            kept_for, kept = idx, value
+        return value
+
+    return memo
+
+
+def _taker(xp):
+    """xp.take(array, idx, axis=ax) as f(array, idx, ax) (NumPy: the method itself)."""
+    if xp is np:
+        return np.ndarray.take
+    return lambda array, idx, ax: xp.take(array, idx, axis=ax)
+
+
 @register()
 class Gather(KernelBase):
     """out[..., i, ...] = data[..., indices[i], ...] along axis; ``out=`` writes into a
@@ -61,14 +102,19 @@ class Gather(KernelBase):
         return fast(array, idx, ax) if fast is not None else xp.take(array, idx, axis=ax)
 
     def array_function(self, inputs, attrs):
-        """Non-string data: take() along the resolved axis (an index out of range
-        raises, and the runtime redoes the node through the kernel)."""
+        """Non-string data: take()'s work along the resolved axis, its specialisation
+        chosen once (it depends on shapes only); constant indices checked once (see
+        constant_memo), others on every call (an index out of range raises, and the
+        runtime redoes the node through the kernel)."""
         if (len(inputs) != 2 or any(t.__class__ is not Tensor for t in inputs)
                 or inputs[0].data_type == DataType.STRING or inputs[0].ndim == 0):
             return None
-        ax = norm_axis(self, attrs.get("axis", 0), inputs[0].ndim)
-        xp, take = xp_for(self, inputs[0]), self.take
-        return lambda data, indices: take(xp, data, indices, ax)
+        data, indices = inputs[0].array, inputs[1].array
+        ax = norm_axis(self, attrs.get("axis", 0), data.ndim)
+        xp, size = xp_for(self, inputs[0]), data.shape[ax]
+        index = constant_memo(lambda idx: checked_indices(self, xp, on(xp, idx), size))
+        take = self.specialized("Gather.take", data, indices, ax) or _taker(xp)
+        return lambda data, indices: take(data, index(indices), ax)
 
 
 def _take_bytes(data, idx, ax) -> int:
@@ -161,27 +207,39 @@ class GatherND(KernelBase):
 
     def gathered(self, xp, array, idx, b: int, **named):
         """The result for validated inputs (data and indices arrays; named: for errors)."""
-        k = idx.shape[-1]
-        batch = product(array.shape[:b])
-        inner = array.shape[b:b + k]
-        rest = array.shape[b + k:]
-        out_shape = idx.shape[:-1] + rest
+        batch, k, inner, src_shape, out_shape = _nd_layout(array.shape, idx.shape, b)
         idx = on(xp, idx).reshape(batch, -1, k)
         if idx.shape[1] == 0 or batch == 0:
             return xp.empty(out_shape, dtype=array.dtype)
         lin = nd_linear_index(self, xp, idx, inner, **named)  # (batch, M)
-        src = array.reshape((batch, product(inner)) + rest)
-        res = src[xp.arange(batch)[:, None], lin]
-        return res.reshape(out_shape)
+        return array.reshape(src_shape)[xp.arange(batch)[:, None], lin].reshape(out_shape)
 
     def array_function(self, inputs, attrs):
-        """Non-string data: gathered() for the recorded batch_dims (an index out of
-        range raises, and the runtime redoes the node through the kernel)."""
+        """Non-string data: gathered()'s work for the recorded shapes and batch_dims,
+        constant indices linearised once (see constant_memo), others checked on every
+        call (an index out of range raises, and the runtime redoes the node through the
+        kernel)."""
         if (len(inputs) != 2 or any(t.__class__ is not Tensor for t in inputs)
                 or inputs[0].data_type == DataType.STRING):
             return None
-        b, xp, gathered = int(attrs.get("batch_dims", 0)), xp_for(self, inputs[0]), self.gathered
-        return lambda data, indices: gathered(xp, data, indices, b)
+        b, xp = int(attrs.get("batch_dims", 0)), xp_for(self, inputs[0])
+        batch, k, inner, src_shape, out_shape = _nd_layout(inputs[0].shape, inputs[1].shape, b)
+        if batch == 0 or product(inputs[1].shape[:-1]) == 0:
+            gathered = self.gathered
+            return lambda data, indices: gathered(xp, data, indices, b)
+        lin = constant_memo(lambda idx: nd_linear_index(self, xp, on(xp, idx).reshape(batch, -1, k), inner))
+        first = xp.arange(batch)[:, None]
+        return lambda data, indices: data.reshape(src_shape)[first, lin(indices)].reshape(out_shape)
+
+
+def _nd_layout(shape: tuple, idx_shape: tuple, b: int):
+    """GatherND's (batch, k, inner, source shape, output shape) for data of shape and
+    indices of idx_shape with b batch axes: data is read as (batch, prod(inner), rest...)
+    rows addressed by the k-tuples' linear indices into inner."""
+    k = idx_shape[-1]
+    inner, rest = tuple(shape[b:b + k]), tuple(shape[b + k:])
+    batch = product(shape[:b])
+    return batch, k, inner, (batch, product(inner)) + rest, tuple(idx_shape[:-1]) + rest
 
 
 @register()

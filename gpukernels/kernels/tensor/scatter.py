@@ -24,7 +24,7 @@ from ...host import copy_array, parallel_ranges
 from ..base import KernelBase, register
 from ..specialize import specialize
 from ._common import host_ints, norm_axis, on, product, xp_for
-from .indexing import checked_indices, nd_linear_index
+from .indexing import checked_indices, constant_memo, nd_linear_index
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -42,8 +42,8 @@ def _distinct_large(target, rows, values) -> bool:
 
 @specialize("ScatterND.assign_rows", device="cpu", ops=("ScatterND",), when=_distinct_large)
 def _assign_rows_host(target, rows, values) -> None:
-    """_assign_rows for distinct rows: the order does not matter, so contiguous slices of
-    the updates are assigned by the host threads."""
+    """_row_assigner's choice for distinct rows: the order does not matter, so contiguous
+    slices of the updates are assigned by the host threads."""
     m, s = values.shape
 
     def run(lo, hi):
@@ -52,12 +52,17 @@ def _assign_rows_host(target, rows, values) -> None:
     parallel_ranges(m, max(1, tuning.value("scatter.parallel_assign") // s), run)
 
 
-def _assign_rows(kernel, xp, target, rows, values) -> None:
-    """target[rows] = values (2-D target, whole rows), the last of repeated rows winning."""
+def _row_assigner(kernel, xp, target, rows, values):
+    """f(target, rows, values) doing target[rows] = values (2-D target, whole rows), the
+    last of repeated rows winning: the specialisation for these arrays, or the general
+    assignment.  The choice reads rows' values (distinct or not)."""
     fast = kernel.specialized("ScatterND.assign_rows", target, rows, values)
-    if fast is not None:
-        return fast(target, rows, values)
-    assign_rows_last_wins(xp, target, rows, values)
+    return fast if fast is not None else (lambda t, r, v: assign_rows_last_wins(xp, t, r, v))
+
+
+def _flat_elements(xp, rows, s: int):
+    """The flat element offsets (M * s,) of whole rows of s elements."""
+    return (rows[:, None] * s + xp.arange(s, dtype=xp.int64)[None, :]).reshape(-1)
 
 
 def _reduction(kernel, reduction, **inputs) -> str:
@@ -131,7 +136,12 @@ class _ScatterElementsBase(KernelBase):
         """The result for validated inputs (idx: the indices' array; offsets: what
         element_offsets gives for these shapes, when known; named: for errors)."""
         xp = xp_for(self, x)
-        idx = checked_indices(self, xp, on(xp, idx), x.shape[ax], **named)
+        return self.scattered_at(x, checked_indices(self, xp, on(xp, idx), x.shape[ax], **named), u, ax, red,
+                                 offsets)
+
+    def scattered_at(self, x: Tensor, idx, u: Tensor, ax: int, red: str, offsets=None) -> Tensor:
+        """scattered() for indices already checked and wrapped (checked_indices)."""
+        xp = xp_for(self, x)
         if idx.size == 0:
             return Tensor.wrap(x.array.copy(), x.data_type)
         base, stride = offsets if offsets is not None else element_offsets(xp, x.shape, idx.shape, ax)
@@ -140,14 +150,17 @@ class _ScatterElementsBase(KernelBase):
 
     def scatter_function(self, inputs, axis, reduction):
         """Compiled graphs: (data, indices, updates) arrays -> scattered()'s array, with
-        the axis and reduction of a validated call resolved."""
+        the axis and reduction of a validated call resolved; constant indices are
+        checked once (see constant_memo), others on every call."""
         if len(inputs) != 3 or any(t.__class__ is not Tensor for t in inputs):
             return None
         x = inputs[0]
         ax, red = norm_axis(self, axis, x.ndim), _reduction(self, reduction)
-        offsets = element_offsets(xp_for(self, x), x.shape, inputs[1].shape, ax)
-        dt, wrap, scattered = x.data_type, Tensor.wrap, self.scattered
-        return lambda data, indices, updates: scattered(wrap(data, dt), indices, wrap(updates, dt),
+        xp, size = xp_for(self, x), x.shape[ax]
+        offsets = element_offsets(xp, x.shape, inputs[1].shape, ax)
+        index = constant_memo(lambda idx: checked_indices(self, xp, on(xp, idx), size))
+        dt, wrap, scattered = x.data_type, Tensor.wrap, self.scattered_at
+        return lambda data, indices, updates: scattered(wrap(data, dt), index(indices), wrap(updates, dt),
                                                         ax, red, offsets).array
 
 
@@ -228,18 +241,48 @@ class ScatterND(KernelBase):
         rows = nd_linear_index(self, xp, on(xp, idx).reshape(m, k), x.shape[:k], **named)
         if red == "none":
             out = copy_array(x.array)  # host: a threaded copy
-            _assign_rows(self, xp, out.reshape(-1, s), rows, u.array.reshape(m, s))
+            target, values = out.reshape(-1, s), u.array.reshape(m, s)
+            _row_assigner(self, xp, target, rows, values)(target, rows, values)
             return Tensor.wrap(out, x.data_type)
-        flat = (rows[:, None] * s + xp.arange(s, dtype=xp.int64)[None, :]).reshape(-1)
-        return _reduce(self, xp, x, u, flat, red)
+        return _reduce(self, xp, x, u, _flat_elements(xp, rows, s), red)
 
     def array_function(self, inputs, attrs):
-        """Compiled graphs: (data, indices, updates) arrays -> scattered()'s array."""
+        """Compiled graphs: (data, indices, updates) arrays -> scattered()'s array, for
+        the recorded shapes: constant indices are checked and linearised once, with the
+        row assignment chosen for them (see constant_memo); others on every call."""
         if len(inputs) != 3 or any(t.__class__ is not Tensor for t in inputs):
             return None
         red = _reduction(self, attrs.get("reduction", "none"))
-        dt, wrap, scattered = inputs[0].data_type, Tensor.wrap, self.scattered
-        return lambda data, indices, updates: scattered(wrap(data, dt), indices, wrap(updates, dt), red).array
+        x, i = inputs[0], inputs[1]
+        dt, wrap, scattered = x.data_type, Tensor.wrap, self.scattered
+        k, m = i.shape[-1], product(i.shape[:-1])
+        s = product(x.shape[k:])
+        if m == 0 or s == 0:
+            return lambda data, indices, updates: scattered(wrap(data, dt), indices, wrap(updates, dt), red).array
+        xp, dims = xp_for(self, x), x.shape[:k]
+
+        def rows_of(idx):
+            return nd_linear_index(self, xp, on(xp, idx).reshape(m, k), dims)
+
+        if red != "none":
+            flat_of = constant_memo(lambda idx: _flat_elements(xp, rows_of(idx), s))
+            return lambda data, indices, updates: _reduce(self, xp, wrap(data, dt), wrap(updates, dt),
+                                                          flat_of(indices), red).array
+
+        def plan(idx, target, values):
+            rows = rows_of(idx)
+            return rows, _row_assigner(self, xp, target, rows, values)
+
+        planned = constant_memo(plan)
+
+        def scatter_rows(data, indices, updates):
+            out = copy_array(data)
+            target, values = out.reshape(-1, s), updates.reshape(m, s)
+            rows, assign = planned(indices, target, values)
+            assign(target, rows, values)
+            return out
+
+        return scatter_rows
 
 
 @register()

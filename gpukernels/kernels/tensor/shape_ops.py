@@ -14,6 +14,7 @@ from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ._common import deliver, host_ints, norm_axes, norm_axis, permuted_copy, product, xp_for
+from .indexing import is_frozen
 
 INT64_MAX = 2 ** 63 - 1
 
@@ -23,13 +24,28 @@ def values_guarded(op: str, guards: dict, apply):
     values of the inputs after data ({name: values}, in input order: shape, axes,
     starts...): the output's shape depends on them, not only on the inputs' shapes, so
     other values raise and the runtime redoes the node through the kernel.  Inputs given
-    as attributes (older opsets) are not passed."""
+    as attributes (older opsets) are not passed.  A constant (frozen, see is_frozen)
+    found equal is not read again."""
     names, recorded = tuple(guards), tuple(guards.values())
+    seen = [None] * len(names)  # per input: the constant last found equal
+
+    def check(j, got):
+        if got.tolist() != recorded[j]:
+            raise ValueError(f"{op}: {names[j]} {got.tolist()} is not the compiled {recorded[j]}")
+        if is_frozen(got):
+            seen[j] = got
+
+    if len(names) == 1:
+        def fn(data, given):
+            if given is not seen[0]:
+                check(0, given)
+            return apply(data)
+        return fn
 
     def fn(data, *given):
-        for name, want, got in zip(names, recorded, given):
-            if got.tolist() != want:
-                raise ValueError(f"{op}: {name} {got.tolist()} is not the compiled {want}")
+        for j, got in enumerate(given):
+            if got is not seen[j]:
+                check(j, got)
         return apply(data)
 
     return fn
@@ -273,8 +289,19 @@ class Expand(KernelBase):
 
 
 def _expanded(xp, array, shape):
-    """A contiguous copy of array broadcast to shape."""
-    return xp.ascontiguousarray(xp.broadcast_to(array, shape))
+    """A contiguous copy of array broadcast to shape; where shape holds as many elements
+    as array (only size-1 axes differ), a read-only view of a C-contiguous host array,
+    as ascontiguousarray gives for its broadcast (read-only: a view must never be
+    written through)."""
+    if product(shape) != array.size:
+        out = xp.empty(shape, dtype=array.dtype)
+        xp.copyto(out, array)
+        return out
+    if array.__class__ is np.ndarray and array.flags.c_contiguous:
+        view = array.reshape(shape)
+        view.flags.writeable = False
+        return view
+    return xp.ascontiguousarray(xp.broadcast_to(array, shape)).reshape(shape)  # (ascontiguousarray: ndim >= 1)
 
 
 @register()
