@@ -128,16 +128,17 @@ def _bound(dt, value):
     return dt.type(np.float64(value)) if dt.kind == "f" else dt.type(value)
 
 
-def _clip_reference(xp, x, lo, hi):
-    """Min(hi, Max(x, lo)) into one new array (so lo > hi gives hi; NaN stays NaN)."""
-    y = xp.empty_like(x)
+def _clip_reference(xp, x, lo, hi, out=None):
+    """Min(hi, Max(x, lo)) into one array, out or a new one (so lo > hi gives hi; NaN
+    stays NaN)."""
+    y = xp.empty_like(x) if out is None else out
     if lo is not None:
         xp.maximum(x, lo, out=y)
         if hi is not None:
             xp.minimum(y, hi, out=y)
     elif hi is not None:
         xp.minimum(x, hi, out=y)
-    else:
+    elif y is not x:
         y[...] = x
     return y
 

@@ -40,7 +40,7 @@ import numpy as np
 from ...host import host_blocks, on_host_thread, pooled_empty, tuning
 from ..math._mathcommon import scalar_value
 from ..math.activations import _LOGISTIC_CHAINS
-from ..math.clip_pow import _bound, _clip_host
+from ..math.clip_pow import _bound, _clip_host, _clip_reference
 from ..math.unary import host_bound
 
 # a source laid out unlike the output is copied into it first (then every step runs on
@@ -237,17 +237,8 @@ def _clip(kernel, attrs, dtype, bounds):
         return Epilogue("Clip", kernel.xp, lambda xp, s, o, tmp, scratch: np.clip(s, lo_h, hi_h, out=o),
                         blocked="")
 
-    def reference(xp, s, o, tmp, scratch):  # _clip_reference, into o
-        if lo is not None:
-            xp.maximum(s, lo, out=o)
-            if hi is not None:
-                xp.minimum(o, hi, out=o)
-        elif hi is not None:
-            xp.minimum(s, hi, out=o)
-        elif o is not s:
-            o[...] = s
-
-    return Epilogue("Clip", kernel.xp, reference, blocked="")
+    return Epilogue("Clip", kernel.xp, lambda xp, s, o, tmp, scratch: _clip_reference(xp, s, lo, hi, out=o),
+                    blocked="")
 
 
 def _leaky_relu(kernel, attrs, dtype):
