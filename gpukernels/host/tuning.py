@@ -147,7 +147,7 @@ _ENTRIES = (
           "block of the host blockwise evaluation of a long elementwise chain (Erf, Mish...): "
           "the chain's temporaries in L2 against per-block call overhead",
           _on_dev("Mish on 8M elements 1.7x faster than with 1 << 14")),
-    # ------------------------------------------------------------ nn/conv.py, _conv_host.py, _spatial.py, _depthwise_host.py
+    # ---------------------------------------- nn/conv.py, _conv_host.py, _depthwise_host.py, _spatial.py
     Entry("spatial.workspace_bytes", 256 * _MiB, "bytes",
           "largest im2col-like work buffer of one chunk (Conv, ConvTranspose, pooling windows, "
           "MaxRoiPool): memory held against the number of chunks", _DEFAULT),
