@@ -58,16 +58,19 @@ def is_frozen(array) -> bool:
 def constant_memo(plan):
     """f(idx, *more) -> plan(idx, *more), computed once for a frozen idx (a constant, the
     same array object on every call; see is_frozen) and kept; on every call otherwise.
-    plan may raise (an index out of range): nothing is kept then."""
-    kept_for = kept = None
+    plan may raise (an index out of range): nothing is kept then.  The pair is kept as
+    one tuple, replaced in one assignment: threads sharing the function never see an
+    array with another array's result."""
+    state = (None, None)
 
     def memo(idx, *more):
-        nonlocal kept_for, kept
+        nonlocal state
+        kept_for, kept = state
         if idx is kept_for:
             return kept
         value = plan(idx, *more)
         if is_frozen(idx):
-            kept_for, kept = idx, value
+            state = (idx, value)
         return value
 
     return memo
