@@ -47,7 +47,7 @@ from ...host import host_empty, tuning
 # and the (M, image, pixels) result is copied into Y transposed.
 
 
-def _output(shape, dtype) -> np.ndarray:
+def output_array(shape, dtype) -> np.ndarray:
     """Y of a host Conv path: from the run's arena from conv.arena_min_bytes on (fresh
     arrays of a few MB are page-faulted in again on every call), else a plain np.empty."""
     return host_empty(shape, dtype, tuning.value("conv.arena_min_bytes"))
@@ -88,7 +88,7 @@ def _use_wide(kw, Wq, Wo, K, M) -> bool:
     return kw > 1 and (Wq - Wo) * 8 <= Wo and K >= 4 * M
 
 
-def _phase_regions(H, W, sh, sw, ph, pw, Hq, Wq):
+def phase_regions(H, W, sh, sw, ph, pw, Hq, Wq):
     """The data of each phase image: (rh, rw, a0, a1, b0, b1, y0, x0) with phase image
     (rh, rw) rows a0:a1, columns b0:b1 read from x rows y0::sh, columns x0::sw (the rest
     of the phase image is padding); phases reading no data are left out."""
@@ -102,7 +102,7 @@ def _phase_regions(H, W, sh, sw, ph, pw, Hq, Wq):
                 yield rh, rw, a0, a1, b0, b1, a0 * sh + rh - ph, b0 * sw + rw - pw
 
 
-def _copy_regions(x, sh, sw, regions, out):
+def copy_regions(x, sh, sw, regions, out):
     """out[:, :, rh, rw, a0:a1, b0:b1] = the strided rows and columns of x they hold."""
     for rh, rw, a0, a1, b0, b1, y0, x0 in regions:
         out[:, :, rh, rw, a0:a1, b0:b1] = x[:, :, y0:y0 + (a1 - a0 - 1) * sh + 1:sh,
@@ -112,7 +112,7 @@ def _copy_regions(x, sh, sw, regions, out):
 def _phase_split(x, sh, sw, ph, pw, Hq, Wq, out):
     """out[n, c, rh, rw, a, b] = padded x[n, c, a*sh + rh - ph, b*sw + rw - pw] (zero outside
     x), for a < Hq, b < Wq; out's spare row a = Hq is zeroed (wide reads run into it)."""
-    regions = list(_phase_regions(x.shape[2], x.shape[3], sh, sw, ph, pw, Hq, Wq))
+    regions = list(phase_regions(x.shape[2], x.shape[3], sh, sw, ph, pw, Hq, Wq))
     data = {(r[0], r[1]): r for r in regions}
     out[:, :, :, :, Hq:] = 0
     for rh in range(sh):
@@ -126,7 +126,7 @@ def _phase_split(x, sh, sw, ph, pw, Hq, Wq, out):
             dst[:, :, a1:] = 0
             dst[:, :, a0:a1, :b0] = 0
             dst[:, :, a0:a1, b1:] = 0
-    _copy_regions(x, sh, sw, regions, out)
+    copy_regions(x, sh, sw, regions, out)
 
 
 def conv2d(x, w, b, strides, pads, dilations, O, epilogue=None):
@@ -172,7 +172,7 @@ def conv2d(x, w, b, strides, pads, dilations, O, epilogue=None):
         nb = 1
         rows = max(1, cols_bytes // (Kc * Wc * item))
         chunks = [(n0, n0 + 1, r0, min(Ho, r0 + rows)) for n0 in range(N) for r0 in range(0, Ho, rows)]
-    y = _output((N, M, Ho, Wo), dtype)
+    y = output_array((N, M, Ho, Wo), dtype)
     fold = nb > 1 and Ho * Wc <= tuning.value("conv.host_fold_pixels")
     cols = np.empty(nb * Kc * rows * Wc, dtype=dtype)
     z = np.empty((nb, C, sh, sw, Hq + 1, Wq), dtype=dtype)
@@ -223,7 +223,7 @@ def conv2d(x, w, b, strides, pads, dilations, O, epilogue=None):
 _SCRATCH = threading.local()  # per thread: "planes" (geometry -> zero-bordered phase images), "flat"
 
 
-def _planes(key, shape, dtype) -> np.ndarray:
+def kept_planes(key, shape, dtype) -> np.ndarray:
     """Zero-bordered phase-image scratch for one geometry (key), kept per thread: a call
     writes only the data regions, so the padding stays zero for the next call of that
     geometry.  The most recently used ones are kept, together at most
@@ -244,7 +244,7 @@ def _planes(key, shape, dtype) -> np.ndarray:
     return z
 
 
-def _flat(count, dtype) -> np.ndarray:
+def scratch_flat(count, dtype) -> np.ndarray:
     """An uninitialised 1-D scratch of count elements, from a per-thread buffer reused
     across calls (grown when a call needs more; the callers keep it within
     conv.host_cols_bytes)."""
@@ -256,7 +256,7 @@ def _flat(count, dtype) -> np.ndarray:
     return buf[:nbytes].view(dtype)
 
 
-def _tap_groups(k, s, d):
+def tap_groups(k, s, d):
     """The kernel taps along one axis grouped by the phase they read: (phase r, first tap,
     tap step, tap count, first offset q0, offset step) with tap t reading phase-image
     position o + (t*d)//s for output o."""
@@ -280,7 +280,7 @@ def conv2d_windows(x, w, b, strides, pads, dilations, O, epilogue=None, wide=Non
     for images whose columns fit the column budget (the caller checks: use_windows).
 
     Per chunk of images (columns and product within conv.host_cols_bytes): (1) the
-    interior of a per-thread zero-bordered scratch is written (_planes: kept across
+    interior of a per-thread zero-bordered scratch is written (kept_planes: kept across
     calls, so the padding is never rewritten) -- the padded images, or with strides of
     up to 4 phases their phase images (phases; one copy per phase); (2) one copy per
     pair of row and column phases (one in all at unit strides or without phase images)
@@ -322,12 +322,12 @@ def conv2d_windows(x, w, b, strides, pads, dilations, O, epilogue=None, wide=Non
     wm = w.reshape(M, K)
     if p.ones_row:
         wm = np.concatenate([wm, b.reshape(M, 1).astype(dtype, copy=False)], axis=1)
-    z = _planes(p.key, p.z_shape, dtype)
-    flat = _flat(p.flat, dtype)
-    y = _output((N, M, Ho, Wo), dtype)
+    z = kept_planes(p.key, p.z_shape, dtype)
+    flat = scratch_flat(p.flat, dtype)
+    y = output_array((N, M, Ho, Wo), dtype)
     for n0 in range(0, N, nb):
         n = min(N, n0 + nb) - n0
-        _copy_regions(x[n0:n0 + n], p.ps_h, p.ps_w, p.regions, z[:n])
+        copy_regions(x[n0:n0 + n], p.ps_h, p.ps_w, p.regions, z[:n])
         if fold:  # rows (channel, kernel row, kernel column), then (image, pixels)
             cc = flat[:Kc * n * L].reshape(Kc, n * L)
             c6 = cc[:K].reshape(C, kh, kw, n, Ho, Wc)
@@ -386,7 +386,7 @@ def _windows_plan(xs, ws, dtype, bias, strides, pads, dilations, O, wide, phases
         fold = Ho * Wo <= fold_pixels  # small images: the weights packed once
     # per axis: the phase split's stride and the view's stride over outputs
     ps_h, ps_w, vs_h, vs_w = (sh, sw, 1, 1) if phases else (1, 1, sh, sw)
-    rows, cols = _tap_groups(kh, ps_h, dh), _tap_groups(kw, ps_w, dw)
+    rows, cols = tap_groups(kh, ps_h, dh), tap_groups(kw, ps_w, dw)
     Hq = (Ho - 1) * vs_h + 1 + max(g[4] + (g[3] - 1) * g[5] for g in rows)
     Wq = (Wo - 1) * vs_w + 1 + max(g[4] + (g[3] - 1) * g[5] for g in cols)
     if vs_h != 1 or vs_w != 1:
@@ -414,7 +414,7 @@ def _windows_plan(xs, ws, dtype, bias, strides, pads, dilations, O, wide, phases
     return _WindowsPlan(
         N=N, C=C, kh=kh, kw=kw, Ho=Ho, Wo=Wo, Wc=Wc, L=L, K=K, Kc=Kc, nb=nb,
         fold=fold, direct=direct, ones_row=ones_row, ps_h=ps_h, ps_w=ps_w,
-        regions=tuple(_phase_regions(H, W, ps_h, ps_w, pads[0], pads[1], Hq, Wq)),
+        regions=tuple(phase_regions(H, W, ps_h, ps_w, pads[0], pads[1], Hq, Wq)),
         key=(dtype.str, nb, C, ps_h, ps_w, Hq, Wq, H, W, pads[0], pads[1]), z_shape=z_shape,
         copies=tuple(copies), flat=nb * (Kc * L + (0 if direct else M * L)))
 
@@ -434,7 +434,7 @@ def pointwise(x, w, b, strides, O, epilogue=None):
     if any(s != 1 for s in strides):
         x = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
     wm = w.reshape(M, C)
-    y = _output((N, M) + tuple(O), dtype)
+    y = output_array((N, M) + tuple(O), dtype)
     if b is not None and M * (C + 1) + N * (C + 1) * P < N * M * P:
         cols = np.empty((N, C + 1, P), dtype)
         cols[:, :C].reshape(x.shape)[...] = x
@@ -526,7 +526,7 @@ def conv2d_taps(x, w, b, pads, dilations, O, epilogue=None):
     acc = np.empty((M, L), dtype)
     tmp = np.empty((M, L), dtype)
     bias = None if b is None else b.reshape(M, 1, 1).astype(dtype, copy=False)
-    y = _output((N, M, Ho, Wo), dtype)
+    y = output_array((N, M, Ho, Wo), dtype)
     for n in range(N):
         if rows and cols:
             pad[:, ph:ph + rows, pw:pw + cols] = x[n, :, :rows, :cols]

@@ -18,15 +18,7 @@ import functools
 import numpy as np
 
 from ...host import host_blocks, tuning
-from ._conv_host import (
-    _copy_regions,
-    _flat,
-    _output,
-    _phase_regions,
-    _planes,
-    _tap_groups,
-    finish,
-)
+from ._conv_host import copy_regions, finish, kept_planes, output_array, phase_regions, scratch_flat, tap_groups
 
 
 def use_channels_last_taps(N, C, m, T, H, W, Ho, Wo, Wq) -> bool:
@@ -48,7 +40,7 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None):
     """Depthwise 2-D convolution (multiplier 1) with the channels last, for tiny outputs
     with many channels.  The input is copied once, transposed, into a zero-bordered
     phase-image scratch with the channels last (N, row phase, column phase, Hq + 1, Wq,
-    C), kept per thread (_conv_host._planes, as depthwise_tap_products); then one
+    C), kept per thread (_conv_host.kept_planes, as depthwise_tap_products); then one
     multiply per pair of row and column phases (one at unit strides) writes every tap's
     window times its weights, tiled along the output row, into a (taps + bias, N, Ho,
     Wo * C) buffer -- rows of Wo * C elements: NumPy's ufuncs on strided operands cost
@@ -67,8 +59,9 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None):
     item = dtype.itemsize
     T = kh * kw
     Hq, Wq, regions, copies = _tap_layout(H, W, kh, kw, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))
-    z = _planes(("depthwise_nhwc", dtype.str, N, C, sh, sw, Hq, Wq, H, W, pads[0], pads[1]), (N, sh, sw, Hq + 1, Wq, C), dtype)
-    _copy_regions(x, sh, sw, regions, z.transpose(0, 5, 1, 2, 3, 4))
+    z = kept_planes(("depthwise_nhwc", dtype.str, N, C, sh, sw, Hq, Wq, H, W, pads[0], pads[1]),
+                    (N, sh, sw, Hq + 1, Wq, C), dtype)
+    copy_regions(x, sh, sw, regions, z.transpose(0, 5, 1, 2, 3, 4))
     zs = z.strides
     R = Wo * C  # one output row, the channels last
     rows = T + (b is not None)
@@ -89,7 +82,7 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None):
         np.multiply(view, w5[ki, kj], out=t5[ki, kj])
     acc = flat[rows * (N * Ho + 1) * R:].reshape(N, Ho, R)
     np.add.reduce(terms, axis=0, out=acc)
-    y = _output((N, C, Ho, Wo), dtype)
+    y = output_array((N, C, Ho, Wo), dtype)
     res = acc.reshape(N, Ho, Wo, C).transpose(0, 3, 1, 2)
     if epilogue is None:
         y[...] = res
@@ -99,10 +92,10 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None):
 
 
 def _scratch(count, dtype) -> np.ndarray:
-    """An uninitialised 1-D scratch: the per-thread buffer (_conv_host._flat) while it
+    """An uninitialised 1-D scratch: the per-thread buffer (_conv_host.scratch_flat) while it
     stays within conv.host_cols_bytes, else a fresh array (not kept)."""
     if count * np.dtype(dtype).itemsize <= tuning.value("conv.host_cols_bytes"):
-        return _flat(count, dtype)
+        return scratch_flat(count, dtype)
     return np.empty(count, dtype)
 
 
@@ -156,7 +149,7 @@ def depthwise_plane_products(x, w, b, strides, pads, dilations, O):
     wz = np.zeros((C, m, T + 1), dtype)
     wz[:, :, :T] = w.reshape(C, m, T)
     taps = wz[:, :, index].reshape(C, m * Ho * Wo, H * W)  # A[c], the multiplier's rows stacked
-    y = _output((N, M, Ho, Wo), dtype)
+    y = output_array((N, M, Ho, Wo), dtype)
     np.matmul(taps, x.reshape(N, C, H * W, 1), out=y.reshape(N, C, m * Ho * Wo, 1))
     if b is not None:
         y += b.reshape(1, M, 1, 1).astype(dtype, copy=False)
@@ -190,15 +183,15 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue=None):
 @functools.lru_cache(maxsize=128)
 def _tap_layout(H, W, kh, kw, strides, pads, dilations, O):
     """The geometry of the tap paths for one plane: (Hq, Wq, regions, copies)
-    -- the phase images' rows and columns, their data regions (_conv_host._phase_regions)
-    and, per pair of row and column tap groups (_conv_host._tap_groups), the copy of
+    -- the phase images' rows and columns, their data regions (_conv_host.phase_regions)
+    and, per pair of row and column tap groups (_conv_host.tap_groups), the copy of
     their windows: (kernel rows, kernel columns (slices), row phase, column phase, rows,
     columns, first element in the phase image, row step, column step (in elements))."""
     (sh, sw), (dh, dw), (Ho, Wo) = strides, dilations, O
-    rows, cols = _tap_groups(kh, sh, dh), _tap_groups(kw, sw, dw)
+    rows, cols = tap_groups(kh, sh, dh), tap_groups(kw, sw, dw)
     Hq = Ho + max(g[4] + (g[3] - 1) * g[5] for g in rows)
     Wq = Wo + max(g[4] + (g[3] - 1) * g[5] for g in cols)
-    regions = tuple(_phase_regions(H, W, sh, sw, pads[0], pads[1], Hq, Wq))
+    regions = tuple(phase_regions(H, W, sh, sw, pads[0], pads[1], Hq, Wq))
     copies = tuple((slice(i0, i0 + (ni - 1) * istep + 1, istep), slice(j0, j0 + (nj - 1) * jstep + 1, jstep),
                     rh, rw, ni, nj, qh * Wq + qw, qhs * Wq, qws)
                    for rh, i0, istep, ni, qh, qhs in rows for rw, j0, jstep, nj, qw, qws in cols)
@@ -210,7 +203,7 @@ def depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue=None):
     channel, every image in the same product.
 
     The input is copied once into a zero-bordered phase-image scratch kept per thread
-    (_conv_host._planes: the borders stay zero from call to call; one copy per phase):
+    (_conv_host.kept_planes: the borders stay zero from call to call; one copy per phase):
     along an axis with stride s, tap i reads phase image (i*d) % s from offset (i*d) // s
     on, so every tap's window is one contiguous run of "wide" rows (the phase width Wq,
     the columns past Wo dropped at the end), at any stride.  Per channel block, one copy
@@ -250,15 +243,16 @@ def depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue=None):
     L = N * P
     T = kh * kw
     Tc = T + (b is not None)  # the taps, and the row of ones carrying the bias
-    z = _planes(("depthwise", dtype.str, N, C, sh, sw, Hq, Wq, H, W, pads[0], pads[1]), (N, C, sh, sw, Hq + 1, Wq), dtype)
-    _copy_regions(x, sh, sw, regions, z)
+    z = kept_planes(("depthwise", dtype.str, N, C, sh, sw, Hq, Wq, H, W, pads[0], pads[1]),
+                    (N, C, sh, sw, Hq + 1, Wq), dtype)
+    copy_regions(x, sh, sw, regions, z)
     zs = z.strides
     wv = w.reshape(C, m, T)
     if b is not None:
         wv = np.concatenate([wv, b.reshape(C, m, 1).astype(dtype, copy=False)], axis=2)
     threads = 2 if N * M * Ho * Wo >= tuning.value("depthwise.thread_items") else 1
     cb = max(1, min(-(-C // threads), tuning.value("depthwise.taps_block_bytes") // (Tc * L * item)))
-    y = _output((N, C, m, Ho, Wo), dtype)
+    y = output_array((N, C, m, Ho, Wo), dtype)
 
     def block(c0, c1):
         k = c1 - c0
