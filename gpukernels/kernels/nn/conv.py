@@ -58,7 +58,10 @@ def conv_function(xp, x, w, strides, pads, dilations, group, out_shape=None, ker
     and the specialisation are chosen here, from shapes, dtypes and attributes only).
     epilogue: None, or an activation fused into the convolution, epilogue(src, out)
     writing act(src) into out with xp's ufuncs (out may be src); the host paths apply
-    it where they write their output, the others to the finished result."""
+    it where they write their output, the others to the finished result.  The group-1
+    host paths (Conv.pointwise, Conv.dense) get a ConstantMemo of their own (the last
+    argument): what they derive from constant weights and bias is kept with the
+    function."""
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -101,19 +104,23 @@ def conv_function(xp, x, w, strides, pads, dilations, group, out_shape=None, ker
     if all(k == 1 for k in K) and not any(pads):
         fast = kernel.specialized("Conv.pointwise", x, w, group) if kernel is not None else None
         if fast is not None:
-            return lambda x, w, b=None: fast(x, w, b, strides, O, epilogue)
+            memo = host.ConstantMemo()
+            return lambda x, w, b=None: fast(x, w, b, strides, O, epilogue, memo)
         return with_bias(lambda x, w: _pointwise(xp, x, w, strides, group, O))
     fast = kernel.specialized("Conv.dense", x, w, group) if kernel is not None else None
     if fast is not None:
-        return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O, epilogue)
+        memo = host.ConstantMemo()
+        return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O, epilogue, memo)
     return with_bias(lambda x, w: _im2col(xp, x, w, strides, pads, dilations, group, O, kernel))
 
 
 def _pointwise(xp, x, w, strides, group, O):
     N, C = x.shape[:2]
     M = w.shape[0]
-    if any(s != 1 for s in strides):
-        x = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
+    if any(s != 1 for s in strides) or tuple(x.shape[2:]) != tuple(O):
+        # the rows read: o*s for each output o (an axis with one output has stride 1 here
+        # and may have more input rows)
+        x = x[(slice(None), slice(None)) + tuple(slice(None, (o - 1) * s + 1, s) for s, o in zip(strides, O))]
     cols = x.reshape(N, group, C // group, sp.prod(O))
     wg = w.reshape(group, M // group, C // group)
     if group == 1:
@@ -289,8 +296,8 @@ def _depthwise_2d_host(x, w, b, strides, pads, dilations, O, epilogue=None):
             when=lambda x, w, group: group == 1 and x.dtype.kind == "f",
             agreement="rtol 1e-5 (float32): the bias may be added inside the product "
                       "(another rounding order)")
-def _pointwise_host(x, w, b, strides, O, epilogue=None):
-    return host.pointwise(x, w, b, strides, O, epilogue)
+def _pointwise_host(x, w, b, strides, O, epilogue=None, memo=None):
+    return host.pointwise(x, w, b, strides, O, epilogue, memo)
 
 
 @specialize("Conv.dense", device="cpu", ops=("Conv",),
@@ -299,8 +306,8 @@ def _pointwise_host(x, w, b, strides, O, epilogue=None):
                       "sum in another order than the im2col product (or the im2col product "
                       "with the bias inside), without the taps that read only padding "
                       "(finite weights)")
-def _dense_2d_host(x, w, b, strides, pads, dilations, O, epilogue=None):
-    return host.dense_2d(x, w, b, strides, pads, dilations, O, epilogue)
+def _dense_2d_host(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
+    return host.dense_2d(x, w, b, strides, pads, dilations, O, epilogue, memo)
 
 
 def check_conv_ranks(kernel, x, w, group, w_name="W") -> tuple[int, int]:
