@@ -9,6 +9,7 @@ in the stage-one precision.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -21,6 +22,7 @@ from ..base import KernelBase, register
 from ..specialize import specialize
 from ..math.arith import native_compute
 from ..math.softmax import row_dots, row_ones, row_sums
+from ..tensor.indexing import is_frozen
 from ...host import host_blocks, host_empty
 
 
@@ -275,11 +277,13 @@ class LayerNormalization(KernelBase):
         fast = _rows_fast_path(self, sdt, cdt, x.shape[ax:], s, b)
         if fast is not None:
             s_flat, b_flat = fast
+            stats = self.wants_output(1) or self.wants_output(2)
             y, mean, inv = _normalize_rows(self, xs.reshape(-1, _prod(x.shape[ax:])), float(epsilon), s_flat,
-                                           b_flat, center=True)
+                                           b_flat, center=True, stats=stats)
             y = y.reshape(x.shape)
-            mean = mean.reshape(stat_shape)
-            inv = inv.reshape(stat_shape)
+            if stats:
+                mean = mean.reshape(stat_shape)
+                inv = inv.reshape(stat_shape)
         else:
             axes = tuple(range(ax, x.ndim))
             mean, d, var = _moments(xp, xs, axes)
@@ -344,14 +348,60 @@ def _rows_array_function(kernel, inputs, attrs, center: bool):
     if sdt != x.array.dtype or None in shapes:
         return None
     width, eps, xp = _prod(norm), float(attrs.get("epsilon", 1e-5)), kernel.xp
+    tiles = _RowTiles()
 
     def normalize(a, scale, bias=None):
-        b_flat = None if bias is None else _flat_array(xp, bias, shapes[1], norm)
-        y, _, _ = _normalize_rows(kernel, a.reshape(-1, width), eps, _flat_array(xp, scale, shapes[0], norm),
-                                  b_flat, center)
+        x2 = a.reshape(-1, width)
+        params = tiles.get(x2.shape[0], scale, bias)
+        if params is None:
+            b_flat = None if bias is None else _flat_array(xp, bias, shapes[1], norm)
+            params = tiles.offer(x2.shape[0], scale, bias, _flat_array(xp, scale, shapes[0], norm), b_flat)
+        y, _, _ = _normalize_rows(kernel, x2, eps, params[0], params[1], center, stats=False)
         return y.reshape(a.shape)
 
     return normalize
+
+
+# Row tiles of the scale and bias (see _RowTiles) for rows up to this many elements and
+# inputs up to this many bytes (each tile as large: at most 256 KiB per node), where
+# NumPy's pass over (R, D) with a (D,) operand costs a loop per row (~10 ns each; 512
+# rows of 16 or 32 in SegFormer and ConvNeXt at 96x96) and the tiles stay in cache.
+_TILE_MAX_WIDTH = 256
+_TILE_MAX_BYTES = 128 << 10
+
+
+class _RowTiles:
+    """The flat scale and bias of an array function repeated over the R rows of its
+    input, kept while the same frozen host arrays (a graph's constants, which nobody can
+    write: tensor.indexing.is_frozen) come back: y * s and y + b then run as single
+    contiguous passes instead of one short loop per row, with the same products and sums
+    (the same values).  Any other parameters are used flat, as given.  One entry,
+    replaced whole (safe under concurrent runs)."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self):
+        self.entry = None  # (scale, bias, R, (scale tile, bias tile))
+
+    def get(self, R, scale, bias):
+        """The tiles for these very parameter arrays and R rows, or None."""
+        e = self.entry
+        if e is not None and e[0] is scale and e[1] is bias and e[2] == R:
+            return e[3]
+        return None
+
+    def offer(self, R, scale, bias, s_flat, b_flat):
+        """(scale, bias) to use: tiles made (and kept) where they pay, else the flat ones."""
+        D = s_flat.shape[0]
+        if (not 0 < D <= _TILE_MAX_WIDTH or R < 2 or R * D * s_flat.itemsize > _TILE_MAX_BYTES
+                or not all(t is None or is_frozen(t) for t in (scale, bias))):
+            return s_flat, b_flat
+        made = tuple(None if f is None else np.tile(f, (R, 1)) for f in (s_flat, b_flat))
+        for t in made:
+            if t is not None:
+                t.flags.writeable = False
+        self.entry = (scale, bias, R, made)
+        return made
 
 
 def _rows_fast_path(kernel, sdt, cdt, norm_shape, s, b):
@@ -370,13 +420,15 @@ def _rows_fast_path(kernel, sdt, cdt, norm_shape, s, b):
     return s_flat, b_flat
 
 
-def _normalize_rows(kernel, x2, eps, s_flat, b_flat, center):
+def _normalize_rows(kernel, x2, eps, s_flat, b_flat, center, stats=True):
     """Row-wise normalisation of x2 (R, D): y = (x - mean) * invstd * s + b (center) or
-    x * rsqrt(mean(x^2) + eps) * s.  Returns y (R, D), mean (R,) (None when not
-    centering) and the inverse (R,).  The reference is _normalize_block on all rows."""
+    x * rsqrt(mean(x^2) + eps) * s, s and b of shape (D,) or (R, D) (the same values
+    repeated over the rows: see _RowTiles).  Returns y (R, D), mean (R,) (None when not
+    centering) and the inverse (R,); with stats False the caller wants y alone (a path
+    may then return None for both).  The reference is _normalize_block on all rows."""
     fast = kernel.specialized("LayerNormalization.rows", x2)
     if fast is not None:
-        return fast(x2, eps, s_flat, b_flat, center)
+        return fast(x2, eps, s_flat, b_flat, center, stats)
     xp = kernel.xp
     y = xp.empty(x2.shape, dtype=x2.dtype)
     mean, inv = _normalize_block(xp, x2, y, eps, s_flat, b_flat, center, row_ones(xp, x2.shape[1], x2.dtype))
@@ -386,21 +438,25 @@ def _normalize_rows(kernel, x2, eps, s_flat, b_flat, center):
 def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones):
     """Normalise the rows of xb (R, D) into yb (xb may be yb); returns (mean or None, inv).
 
-    Every step works in place on the output (no temporaries).  The row sums and sums of
-    squares are BLAS dot products (``row_sums``/``row_dots``, pairwise beyond 8192
-    columns) on both devices: the host blocks run this same function, so they agree with
-    the reference bit for bit."""
+    Every step works in place on the output or on the (R,) statistics (no temporaries).
+    The row sums and sums of squares are BLAS dot products (``row_sums``/``row_dots``,
+    pairwise beyond 8192 columns) on both devices: the host blocks run this same
+    function, so they agree with the reference bit for bit."""
     D = xb.shape[1]
     dt = xb.dtype
     inv_d = dt.type(1.0 / D) if D else dt.type(0)
     mean = None
     if center:
-        mean = row_sums(xp, xb, ones) * inv_d
+        mean = row_sums(xp, xb, ones)
+        mean *= inv_d
         xp.subtract(xb, mean[:, None], out=yb)
     elif yb is not xb:
         yb[...] = xb
-    var = row_dots(xp, yb, yb) * inv_d
-    inv = 1.0 / xp.sqrt(var + dt.type(eps))
+    inv = row_dots(xp, yb, yb)  # 1 / sqrt(sum of squares / D + eps), in place
+    inv *= inv_d
+    inv += dt.type(eps)
+    xp.sqrt(inv, out=inv)
+    xp.divide(dt.type(1), inv, out=inv)
     xp.multiply(yb, inv[:, None], out=yb)
     xp.multiply(yb, s_flat, out=yb)
     if b_flat is not None:
@@ -408,17 +464,32 @@ def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones):
     return mean, inv
 
 
+@functools.lru_cache(maxsize=64)
+def _host_ones(n: int, dtype) -> np.ndarray | None:
+    """row_ones on the host, made once per (n, dtype) and read-only."""
+    ones = row_ones(np, n, dtype)
+    if ones is not None:
+        ones.flags.writeable = False
+    return ones
+
+
 @specialize("LayerNormalization.rows", device="cpu", ops=("LayerNormalization", "RMSNormalization"))
-def _normalize_rows_host(x2, eps, s_flat, b_flat, center):
+def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True):
     """_normalize_rows on the host: _normalize_block over blocks of rows that fit in
-    cache, over the host threads, into a reusable output buffer (the same values)."""
+    cache, over the host threads, into a reusable output buffer (the same values).  An
+    input of one block goes straight from x2 into the output (the cheapest for the
+    small rows of vision models, where the call overhead is most of the cost); with
+    stats False the statistics of several blocks are not gathered (returned as None)."""
     R, D = x2.shape
     dt = x2.dtype
     y = host_empty((R, D), dt)
-    mean_all = np.empty((R,), dtype=dt) if center else None
-    inv_all = np.empty((R,), dtype=dt)
+    ones = _host_ones(D, dt)
     step = max(1, tuning.value("norm.host_row_block_bytes") // max(1, D * dt.itemsize))  # host/tuning.py
-    ones = row_ones(np, D, dt)
+    if R <= step:  # one block: no hand-out (its bookkeeping costs more than small rows)
+        mean, inv = _normalize_block(np, x2, y, eps, s_flat, b_flat, center, ones)
+        return y, mean, inv
+    mean_all = np.empty((R,), dtype=dt) if center and stats else None
+    inv_all = np.empty((R,), dtype=dt) if stats else None
 
     def block(a, b):
         yb = y[a:b]
@@ -426,15 +497,15 @@ def _normalize_rows_host(x2, eps, s_flat, b_flat, center):
         # pass (measured ~18% faster than a read pass and a write pass); the statistics
         # are then the same sums of the same values
         yb[...] = x2[a:b]
-        m, iv = _normalize_block(np, yb, yb, eps, s_flat, b_flat, center, ones)
-        if center:
+        sb = s_flat if s_flat.ndim == 1 else s_flat[a:b]  # flat, or tiled over the rows
+        bb = b_flat if b_flat is None or b_flat.ndim == 1 else b_flat[a:b]
+        m, iv = _normalize_block(np, yb, yb, eps, sb, bb, center, ones)
+        if mean_all is not None:
             mean_all[a:b] = m
-        inv_all[a:b] = iv
+        if inv_all is not None:
+            inv_all[a:b] = iv
 
-    if R <= step:  # one block: no hand-out (its bookkeeping costs more than small rows)
-        block(0, R)
-    else:  # independent row blocks, handed out to the host threads
-        host_blocks(R, step, block)
+    host_blocks(R, step, block)  # independent row blocks, handed out to the host threads
     return y, mean_all, inv_all
 
 
@@ -508,7 +579,7 @@ class RMSNormalization(KernelBase):
         fast = _rows_fast_path(self, sdt, cdt, x.shape[ax:], s, None)
         if fast is not None:
             y, _, _ = _normalize_rows(self, xs.reshape(-1, _prod(x.shape[ax:])), float(epsilon), fast[0], None,
-                                      center=False)
+                                      center=False, stats=False)
             return self.from_compute(y.reshape(x.shape), x.data_type)
         ms = xp.mean(xs * xs, axis=tuple(range(ax, x.ndim)), keepdims=True)
         normalized = xs / xp.sqrt(ms + sdt.type(epsilon))

@@ -120,6 +120,26 @@ def permuted_copy(kernel, xp, view):
     return xp.ascontiguousarray(view)
 
 
+def permuted_copier(kernel, xp, shape, dtype, perm):
+    """data -> permuted_copy(kernel, xp, data.transpose(perm)) for inputs of this shape and
+    dtype (array functions).  Where no specialisation applies to a C-contiguous input of
+    the shape (the usual small transposes), the plain copy is bound once instead of
+    looked up on every call: a planned choice, which keeps the tuning values it was
+    planned with (an input of other strides still gets a correct copy)."""
+    dtype = np.dtype(dtype)
+    strides, step = [], dtype.itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(1, int(d))
+    # a C-contiguous stand-in of the shape, never read (recorded inputs may be stand-ins
+    # without real strides)
+    probe = np.lib.stride_tricks.as_strided(np.empty(1, dtype), tuple(shape), tuple(reversed(strides)),
+                                            writeable=False)
+    if kernel.specialized("Transpose.copy", probe.transpose(perm)) is None:
+        return lambda data: xp.ascontiguousarray(data.transpose(perm))
+    return lambda data: permuted_copy(kernel, xp, data.transpose(perm))
+
+
 def _tiles_pay(view) -> bool:
     return (view.ndim >= 2 and not view.flags.c_contiguous and abs(view.strides[-1]) >= 128
             and view.shape[-1] >= 2 * tuning.value("transpose.tile")

@@ -13,7 +13,7 @@ from ...dtypes import DataType
 from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
-from ._common import deliver, host_ints, norm_axes, norm_axis, permuted_copy, product, xp_for
+from ._common import deliver, host_ints, norm_axes, norm_axis, permuted_copier, permuted_copy, product, xp_for
 from .indexing import is_frozen
 
 INT64_MAX = 2 ** 63 - 1
@@ -365,12 +365,12 @@ class Transpose(KernelBase):
         return q
 
     def array_function(self, inputs, attrs):
-        """Non-string data: the permuted copy with the permutation resolved."""
+        """Non-string data: the permuted copy with the permutation resolved (the plain
+        copy bound once where no specialisation applies: _common.permuted_copier)."""
         if len(inputs) != 1 or inputs[0].__class__ is not Tensor or inputs[0].data_type == DataType.STRING:
             return None
-        p = self._perm(inputs[0], attrs.get("perm"))
-        kernel, xp = self, xp_for(self, inputs[0])
-        return lambda data: permuted_copy(kernel, xp, data.transpose(p))
+        x = inputs[0]
+        return permuted_copier(self, xp_for(self, x), x.shape, x.array.dtype, self._perm(x, attrs.get("perm")))
 
 
 @register()
