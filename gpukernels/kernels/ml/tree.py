@@ -5,10 +5,12 @@ registered at 1 and 3 only).
 Every ensemble is first normalised on the host into flat node arrays (feature, threshold,
 comparison, true/false child, missing-value direction; leaves point to themselves) and
 a list of leaf contributions (leaf, target, weight).  Evaluation is vectorised over
-samples and trees together: each of the ``depth`` steps gathers the current node of
-every (sample, tree) pair and moves it to a child, so the loop runs over tree depth,
-never over samples.  Contributions are then summed (or min/max-ed) per target with a
-scatter; work is chunked over samples to bound memory.
+samples and trees together: the nodes are laid out as slots with each inner node's two
+children side by side (Forest._walk), and each of the ``depth`` steps gathers the
+current slot's feature, threshold and first child for every (tree, sample) pair and
+moves it to first + condition, so the loop runs over tree depth, never over samples or
+trees.  Contributions are then summed (or min/max-ed) per target; work is chunked over
+samples to bound memory.
 
 Comparisons: BRANCH_LEQ x <= t, LT x < t, GTE x >= t, GT x > t, EQ x == t, NEQ x != t,
 MEMBER x in set.  A NaN feature follows the true branch where missing_value_tracks_true
@@ -26,12 +28,20 @@ target] table of leaf values (one gather and one sum/min/max over the trees) whe
 holds at most tree.dense_max_entries (host/tuning.py) entries, else scattered per
 contribution slot.  Measured on a 2-core host: TreeEnsembleClassifier, 64 rows x 20
 trees of depth 6, Session.run 1.7 ms -> 0.3 ms (the attribute parsing that every call
-repeated was 0.75 ms of it).
+repeated was 0.75 ms of it); the benchmark's scikit-learn exports (64 rows; a random
+forest of 50 trees of depth 8, gradient boosting of 100 trees of depth 4), kernel call
+0.30 -> 0.20 ms and 0.25 -> 0.145 ms (NumPy's 'wrap' take for the gathers instead of
+fancy indexing, 2.6 instead of 3.9 us per 3200 values; tree-major pairs; the first
+level precomputed per input shape; padded value rows).  Splitting the trees over two
+host threads was 2x slower (each level's operations take 1-3 us: the GIL hand-offs
+cost more).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import operator
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -54,6 +64,86 @@ _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
 # values (tree.dense_max_entries).
 
 
+_INT32_MAX = 2 ** 31 - 1
+_START_CACHE_PAIRS = 1 << 18  # the largest first level Forest._start keeps (5 arrays of this many)
+
+
+def _host_take(a, idx, axis=None):
+    """a.take(idx, axis) for indices known to be in range: NumPy's 'wrap' loop is about
+    25% faster than its default bounds-checked one, with the same values (arguments by
+    position: the cheapest call)."""
+    return a.take(idx, axis, None, "wrap")
+
+
+def _device_take(a, idx, axis=None):
+    """a.take(idx, axis) on a GPU: CuPy's take always wraps (it has no mode argument)."""
+    return a.take(idx, axis)
+
+
+_SIMPLE = {LEQ: "less_equal", LT: "less", GTE: "greater_equal", GT: "greater", EQ: "equal"}
+
+
+@dataclass
+class _Walk:
+    """A Forest laid out as slots for the level walk, on one device (Forest._walk)."""
+
+    xp: object
+    take: object            # gather for in-range indices (_host_take / _device_take)
+    orig: np.ndarray        # int64 [S] on the host: the node each slot holds
+    orig_dev: object        # the same on the device
+    feature: object         # [S] index type: the slot's feature (0 in leaf slots)
+    threshold: object       # [S] the slot's threshold (NaN in leaf slots)
+    first: object           # [S] index type: the slot for a false condition (+ 1: true); leaves: itself
+    modes: tuple            # the comparison modes of inner slots (NEQ turned into EQ)
+    mode: object            # int8 [S], or None with a single mode
+    missing: object         # bool [S] missing_value_tracks_true, or None where no slot has it
+    member_rank: object     # int64 [S] BRANCH_MEMBER set rank (-1: none)
+    member_values: object   # sorted distinct member values
+    member_codes: object    # sorted rank * member_values.size + value index
+    simple: object = None   # the comparison ufunc with one ordered/EQ mode and no missing tracks
+    starts: dict = field(default_factory=dict)  # (n, f) -> Forest._start's arrays
+
+    def condition(self, v, thr, pos):
+        """The comparison outcome of every pair: [P] bool (always false in leaf slots)."""
+        if self.simple is not None:
+            return self.simple(v, thr)
+        if len(self.modes) == 1:
+            cond = self._compare(self.modes[0], v, thr, pos)
+        else:
+            xp = self.xp
+            mode = self.take(self.mode, pos)
+            cond = xp.zeros(pos.shape, dtype=bool)
+            for md in self.modes:
+                cond = xp.where(mode == md, self._compare(md, v, thr, pos), cond)
+        if self.missing is not None:
+            cond |= self.take(self.missing, pos) & self.xp.isnan(v)
+        return cond
+
+    def _compare(self, mode, v, thr, pos):
+        if mode == LEQ:
+            return v <= thr
+        if mode == LT:
+            return v < thr
+        if mode == GTE:
+            return v >= thr
+        if mode == GT:
+            return v > thr
+        if mode == EQ:
+            return v == thr
+        # MEMBER: is (member rank of the node, value) one of the listed pairs?
+        xp = self.xp
+        uniq = self.member_values
+        if uniq.size == 0:
+            return xp.zeros(pos.shape, dtype=bool)
+        rank = self.take(self.member_rank, pos)
+        vi = xp.minimum(xp.searchsorted(uniq, v), uniq.size - 1)
+        found = (uniq[vi] == v) & (rank >= 0)
+        code = rank * uniq.size + vi
+        codes = self.member_codes
+        ci = xp.minimum(xp.searchsorted(codes, code), codes.size - 1)
+        return found & (codes[ci] == code)
+
+
 @dataclass
 class Forest:
     """A normalised tree ensemble (host arrays)."""
@@ -71,8 +161,6 @@ class Forest:
     n_targets: int
     members: dict            # node -> np.ndarray of member values (BRANCH_MEMBER)
     depth: int = 0
-    modes_present: list = None   # the comparison modes used by inner nodes (finish())
-    any_missing: bool = False
     feature_range: tuple = None  # (lowest, highest) feature index of inner nodes
 
     def finish(self, kernel) -> "Forest":
@@ -101,99 +189,110 @@ class Forest:
             frontier = np.unique(np.concatenate([self.true_child[inner], self.false_child[inner]]))
         self.depth = depth
         inner = ~is_leaf
-        self.modes_present = sorted(set(np.unique(self.mode[inner]).tolist()))
-        self.any_missing = bool(self.missing_true.any())
         self.feature_range = (int(self.feature[inner].min()), int(self.feature[inner].max())) \
             if inner.any() else None
         return self
 
     # ----------------------------------------------------------------- evaluation
-    def leaves(self, xp, x):
-        """Leaf node reached by every (sample, tree) of x: [n, T].
+    def slots(self, xp, x):
+        """Slot (see _walk) reached by every (tree, sample) pair of x: [T, n], tree-major.
 
-        Level by level over all (sample, tree) pairs at once: pos holds the current node
-        of each pair (flat, sample-major) as twice its index, so that the children table
-        (see _device_arrays) is read at pos + condition; each of the ``depth`` steps
-        gathers the nodes' features, thresholds and children and moves every pair one
-        level down (leaves point to themselves).  Seven array operations per level (nine
-        with the node index itself); intp indices on the host (see _device_arrays)."""
+        Level by level over all pairs at once: a pair at slot s reads x at the slot's
+        feature, compares it with the slot's threshold and moves to first[s] (condition
+        false) or first[s] + 1 (true); leaf slots point to themselves and their condition
+        is always false, so pairs that reach a leaf early stay there.  Seven array
+        operations per level (four gathers, the row offset, the comparison, the move);
+        the first level's gathers are precomputed per input shape (_start)."""
         n, f = x.shape
-        t = self.roots.size
-        dev = self._device_arrays(xp)
-        itype = dev["children"].dtype
-        wide = n * f >= np.iinfo(itype).max
-        pos, row_base = self._start(xp, n, f, t, itype, wide, dev)
-        modes_present = self.modes_present
-        any_missing = self.any_missing
-        x_flat = x.reshape(-1)
-        feature, threshold, children = dev["feature"], dev["threshold"], dev["children"]
+        walk = self._walk(xp)
+        wide = xp is not np and n * f >= _INT32_MAX  # int32 indices on a GPU
+        pos, row_base, fi, thr, first = self._start(walk, n, f, wide)
+        take, x_flat, condition = walk.take, x.reshape(-1), walk.condition
+        feature, threshold, first_slot = walk.feature, walk.threshold, walk.first
         with np.errstate(invalid="ignore"):  # NaN comparisons
-            pos = self._descend(xp, x_flat, pos, row_base, wide, dev, feature, threshold, children,
-                                modes_present, any_missing)
-        return (pos >> 1).reshape(n, t)
+            if self.depth:
+                pos = first + condition(take(x_flat, fi), thr, pos)  # the cached arrays stay
+            for _ in range(1, self.depth):
+                fi = take(feature, pos)
+                if wide:
+                    fi = fi.astype(np.int64)
+                fi += row_base
+                cond = condition(take(x_flat, fi), take(threshold, pos), pos)
+                pos = take(first_slot, pos)
+                pos += cond
+        return pos.reshape(self.roots.size, n)
 
-    def _start(self, xp, n: int, f: int, t: int, itype, wide: bool, dev) -> tuple:
-        """(every pair at its tree's root, each pair's row offset into x_flat) for n rows
-        of f features: the last shape's are kept (read only: _descend makes new arrays)."""
-        cache = getattr(self, "_starts", None)
-        if cache is not None and cache[0] is xp and cache[1] == (n, f):
-            return cache[2]
-        start = (xp.tile(dev["roots"].astype(itype), n),
-                 xp.repeat(xp.arange(n, dtype=np.int64 if wide else itype) * f, t))
-        self._starts = (xp, (n, f), start)
+    def _start(self, walk, n: int, f: int, wide: bool) -> tuple:
+        """(every pair at its tree's root slot, each pair's row offset into x.reshape(-1),
+        and the roots' x offsets, thresholds and first slots for every pair), for n rows
+        of f features; the last four shapes' are kept (read only) when they have at most
+        _START_CACHE_PAIRS pairs (a GPU chunk can have millions)."""
+        key = (n, f)
+        cache = walk.starts
+        start = cache.get(key)
+        if start is not None:
+            return start
+        xp, t = walk.xp, self.roots.size
+        itype = walk.first.dtype
+        pos = xp.repeat(xp.arange(t, dtype=itype), n)  # root slots are 0..T-1
+        row_base = xp.tile(xp.arange(n, dtype=np.int64 if wide else itype) * f, t)
+        fi = walk.take(walk.feature, pos).astype(row_base.dtype) + row_base
+        start = (pos, row_base, fi, walk.take(walk.threshold, pos), walk.take(walk.first, pos))
+        if pos.size > _START_CACHE_PAIRS:
+            return start
+        kept = dict(list(cache.items())[-3:])
+        kept[key] = start
+        walk.starts = kept  # one assignment: concurrent runs see the old or the new dict
         return start
 
-    def _descend(self, xp, x_flat, pos, row_base, wide, dev, feature, threshold, children, modes_present,
-                 any_missing):
-        """pos (twice the node indices) after ``depth`` steps down."""
-        for _ in range(self.depth):
-            fi = feature[pos]
-            if wide:
-                fi = fi.astype(np.int64)
-            fi += row_base
-            v = x_flat[fi]
-            thr = threshold[pos]
-            if len(modes_present) == 1:
-                cond = self._compare(xp, modes_present[0], v, thr, pos, dev)
-            else:
-                mode = dev["mode"][pos]
-                cond = xp.zeros(pos.shape, dtype=bool)
-                for md in modes_present:
-                    cond = xp.where(mode == md, self._compare(xp, md, v, thr, pos, dev), cond)
-            if any_missing:
-                cond |= dev["missing_true"][pos] & xp.isnan(v)
-            pos = children[pos + cond]  # [2i]: the false child, [2i + 1]: the true child
-        return pos
+    def _walk(self, xp) -> _Walk:
+        """The forest as slots for the level walk, on xp's device (cached per namespace).
 
-    def _compare(self, xp, mode, v, thr, pos, dev):
-        if mode == LEQ:
-            return v <= thr
-        if mode == LT:
-            return v < thr
-        if mode == GTE:
-            return v >= thr
-        if mode == GT:
-            return v > thr
-        if mode == EQ:
-            return v == thr
-        if mode == NEQ:
-            return v != thr
-        # MEMBER: is (member rank of the node, value) one of the listed pairs?
-        uniq = dev["member_values"]
-        if uniq.size == 0:
-            return xp.zeros(pos.shape, dtype=bool)
-        rank = dev["member_rank"][pos]
-        vi = xp.minimum(xp.searchsorted(uniq, v), uniq.size - 1)
-        found = (uniq[vi] == v) & (rank >= 0)
-        code = rank * uniq.size + vi
-        codes = dev["member_codes"]
-        ci = xp.minimum(xp.searchsorted(codes, code), codes.size - 1)
-        return found & (codes[ci] == code)
-
-    def _device_arrays(self, xp):
-        cache = getattr(self, "_dev", None)
+        Slots 0..T-1 hold the roots; every inner node u owns the slot pair (p_u, p_u + 1)
+        holding copies of its false and true child, so a node's outcome picks the slot
+        first + condition without a children table.  A node referenced twice gets two
+        slots (copies of its record), never a copy of its subtree.  Leaf slots point to
+        themselves and compare against NaN (always false).  NEQ nodes become EQ nodes with
+        swapped children (the same result for every value, NaN included: x != t is the
+        negation of x == t), so that no mode is true against a NaN threshold; they drop
+        their missing-value flag (a NaN takes NEQ's true branch either way)."""
+        cache = getattr(self, "_walks", None)
         if cache is not None and cache[0] is xp:
             return cache[1]
+        m, t = self.feature.size, self.roots.size
+        inner = self.mode != LEAF
+        inner_ids = np.nonzero(inner)[0]
+        neq = self.mode == NEQ
+        pair = np.full(m, -1, dtype=np.int64)
+        pair[inner_ids] = t + 2 * np.arange(inner_ids.size)
+        orig = np.empty(t + 2 * inner_ids.size, dtype=np.int64)
+        orig[:t] = self.roots
+        orig[t::2] = np.where(neq, self.true_child, self.false_child)[inner_ids]
+        orig[t + 1::2] = np.where(neq, self.false_child, self.true_child)[inner_ids]
+        s = orig.size
+        slot_inner = inner[orig]
+        mode = np.where(neq, EQ, self.mode).astype(np.int8)[orig]
+        modes = tuple(sorted(set(np.unique(mode[slot_inner]).tolist())))
+        # int32 indices on a GPU (half the memory traffic); NumPy's gathers convert any
+        # index type but intp first, a pass more per gather (about 2x)
+        itype = np.int32 if xp is not np and s < _INT32_MAX else np.intp
+        missing = (self.missing_true & ~neq)[orig]
+        simple = None
+        if len(modes) == 1 and modes[0] in _SIMPLE and not missing.any():
+            simple = getattr(xp, _SIMPLE[modes[0]])
+        walk = _Walk(
+            xp=xp, take=_host_take if xp is np else _device_take, orig=orig, orig_dev=xp.asarray(orig),
+            feature=xp.asarray(self.feature[orig].astype(itype)),
+            threshold=xp.asarray(np.where(slot_inner, self.threshold[orig], np.nan).astype(self.threshold.dtype)),
+            first=xp.asarray(np.where(slot_inner, pair[orig], np.arange(s)).astype(itype)),
+            modes=modes, mode=xp.asarray(mode) if len(modes) > 1 else None,
+            missing=xp.asarray(missing) if missing.any() else None, simple=simple, **self._member_tables(xp, orig))
+        self._walks = (xp, walk)
+        return walk
+
+    def _member_tables(self, xp, orig) -> dict:
+        """BRANCH_MEMBER lookups: each slot's member-set rank (-1: none), the sorted
+        distinct member values and the sorted (rank * values + value index) codes."""
         member_nodes = sorted(self.members)
         rank = np.full(self.feature.size, -1, dtype=np.int64)
         rank[member_nodes] = np.arange(len(member_nodes))
@@ -205,58 +304,40 @@ class Forest:
             vals = vals[~np.isnan(vals)]
             codes.append(r * uniq.size + np.searchsorted(uniq, vals))
         codes = np.unique(np.concatenate(codes)) if codes else np.zeros(0, np.int64)
-        m = self.feature.size
-        # int32 indices on a GPU (half the memory traffic); NumPy's fancy indexing
-        # converts any index type but intp first, a pass more per gather (about 2x)
-        itype = np.int32 if xp is not np and 4 * m + 2 < np.iinfo(np.int32).max else np.intp
-        # node i at positions 2i and 2i + 1 of every per-node array (leaves() holds twice
-        # the node index); children: [2i] twice the false child, [2i + 1] twice the true
-        children = np.empty(2 * m, dtype=itype)
-        children[0::2] = 2 * self.false_child
-        children[1::2] = 2 * self.true_child
-
-        def doubled(a):
-            return xp.asarray(np.repeat(a, 2))
-
-        dev = {
-            "children": xp.asarray(children),
-            "feature": doubled(self.feature.astype(itype)),
-            "threshold": doubled(self.threshold),
-            "mode": doubled(self.mode),
-            "missing_true": doubled(self.missing_true),
-            "roots": xp.asarray(2 * self.roots),
-            "member_rank": doubled(rank),
-            "member_values": xp.asarray(uniq.astype(self.threshold.dtype)),
-            "member_codes": xp.asarray(codes.astype(np.int64)),
-        }
-        self._dev = (xp, dev)
-        return dev
+        return {"member_rank": xp.asarray(rank[orig]), "member_values": xp.asarray(uniq.astype(self.threshold.dtype)),
+                "member_codes": xp.asarray(codes.astype(np.int64))}
 
     def _dense_values(self, xp, how: str):
-        """(values [M, n_targets] float64, hit [M, n_targets] bool or None) on the
-        device: each node's contribution per target (the sum of its entries; for MIN /
-        MAX their min / max, +-inf where none, with hit marking where some), or None
-        when the table would exceed tree.dense_max_entries.  Cached per namespace."""
-        m, nt = self.feature.size, self.n_targets
-        if m * nt > tuning.value("tree.dense_max_entries"):
+        """(values [S, w] float64, hit [S, w] bool or None) on the device, per slot (see
+        _walk): the contribution of the slot's node per target (the sum of its entries;
+        for MIN / MAX their min / max, +-inf where none, with hit marking where some), or
+        None when the table would exceed tree.dense_max_entries.  w is n_targets, or 4
+        for 3 targets on the host (NumPy gathers rows of 8, 16 or 32 bytes in a faster
+        loop than other sizes: 12 -> 7 us for 3200 rows); the padding target gets no
+        contributions.  Cached per namespace."""
+        walk = self._walk(xp)
+        s, nt = walk.orig.size, self.n_targets
+        if max(s, self.feature.size) * nt > tuning.value("tree.dense_max_entries"):
             return None
         cache = getattr(self, "_dense", None)
         if cache is None or cache[0] is not xp:
             cache = self._dense = (xp, {})
         table = cache[1].get(how)
         if table is None:
+            m = self.feature.size
+            width = 4 if nt == 3 and xp is np else nt
             hit = None
             if how in ("MIN", "MAX"):
-                values = np.full((m, nt), np.inf if how == "MIN" else -np.inf)
+                values = np.full((m, width), np.inf if how == "MIN" else -np.inf)
                 (np.minimum if how == "MIN" else np.maximum).at(
                     values, (self.leaf_node, self.leaf_target), self.leaf_weight)
-                hit = np.zeros((m, nt), dtype=bool)
+                hit = np.zeros((m, width), dtype=bool)
                 hit[self.leaf_node, self.leaf_target] = True
-                hit = xp.asarray(hit)
+                hit = xp.asarray(hit[walk.orig])
             else:
-                values = np.zeros((m, nt))
+                values = np.zeros((m, width))
                 np.add.at(values, (self.leaf_node, self.leaf_target), self.leaf_weight)
-            table = cache[1][how] = (xp.asarray(values), hit)
+            table = cache[1][how] = (xp.asarray(values[walk.orig]), hit)
         return table
 
     def _leaf_layout(self, xp):
@@ -289,16 +370,17 @@ class Forest:
         if n == 0 or nt == 0:
             return xp.zeros((n, nt), dtype=np.float64)
         dense = self._dense_values(xp, how)
-        if dense is not None:  # a [node, target] table: gather and reduce over the trees
+        if dense is not None:  # a [slot, target] table: gather and reduce over the trees
             values, hit = dense
+            take = self._walk(xp).take
             step = max(1, pairs // (t * nt))
             parts = []
             for lo in range(0, n, step):
                 # tree-major [T, rows, nt]: the reduction over the trees runs over whole
-                # rows, in tree order as over axis 1 of [rows, T, nt] (the same sums, to
-                # the bit), about 5x faster for few targets; take: no fancy-index setup
-                pos = self.leaves(xp, x[lo:lo + step]).T
-                picked = xp.take(values, pos, axis=0)
+                # rows, in tree order, about 5x faster than over axis 1 of [rows, T, nt]
+                # for few targets
+                pos = self.slots(xp, x[lo:lo + step])
+                picked = take(values, pos, 0)
                 if how == "MIN":
                     part = picked.min(axis=0)
                 elif how == "MAX":
@@ -306,11 +388,14 @@ class Forest:
                 else:
                     part = picked.sum(axis=0)
                 if hit is not None:
-                    part = xp.where(xp.take(hit, pos, axis=0).any(axis=0), part, 0.0)
+                    part = xp.where(take(hit, pos, 0).any(axis=0), part, 0.0)
                 parts.append(part)
             out = parts[0] if len(parts) == 1 else xp.concatenate(parts)
+            if out.shape[1] != nt:  # the padding target (_dense_values)
+                out = xp.ascontiguousarray(out[:, :nt])
             return out / t if how == "AVERAGE" else out
         e_target, e_weight, count_d, start_d, max_slots, single = self._leaf_layout(xp)
+        walk = self._walk(xp)
         minmax = how in ("MIN", "MAX")
         if minmax:
             fill = np.inf if how == "MIN" else -np.inf
@@ -321,7 +406,7 @@ class Forest:
         step = max(1, pairs // t)
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            pos = self.leaves(xp, x[lo:hi])
+            pos = walk.take(walk.orig_dev, self.slots(xp, x[lo:hi])).T  # [rows, T] leaf nodes
             rows = xp.arange(lo, hi, dtype=np.int64)[:, None] * nt
             for k in range(max_slots):
                 if single:  # every leaf has exactly one contribution: no masking
@@ -362,7 +447,7 @@ def _planned(kernel, attrs: tuple, build):
     key = tuple(map(id, attrs))
     if cache is not None:
         entry = cache.get(key)
-        if entry is not None and all(a is b for a, b in zip(entry[0], attrs)):
+        if entry is not None and all(map(operator.is_, entry[0], attrs)):
             return entry[1]
     plan = build()
     if cache is None:
@@ -374,20 +459,23 @@ def _planned(kernel, attrs: tuple, build):
 
 
 def _prepare_input(kernel, x: Tensor, forest: Forest):
-    """X as a 2-D compute array [N, F] (1-D is one row; more dims flatten)."""
+    """X as a 2-D compute array [N, F] (1-D is one row; more dims flatten) in the type
+    its values are compared in: float64 for integer X or float64 thresholds, else X's
+    float compute type (float32 for float32 thresholds)."""
     if x.ndim == 0:
         raise kernel.error("X must have at least one dimension", X=x)
     a = kernel.to_compute(x)
-    if a.dtype.kind in "iu":
+    thr = forest.threshold.dtype
+    if a.dtype.kind in "iu" or (thr == np.float64 and a.dtype != np.float64):
         a = a.astype(np.float64)
-    elif forest.threshold.dtype == np.float64 and a.dtype != np.float64:
-        a = a.astype(np.float64)
-    a = a.reshape(1, -1) if x.ndim == 1 else a.reshape(a.shape[0], int(np.prod(a.shape[1:], dtype=np.int64)))
+    if x.ndim != 2:
+        a = a.reshape(1, -1) if x.ndim == 1 else a.reshape(a.shape[0], math.prod(a.shape[1:]))
     _check_features(kernel, forest, a.shape[1], x)
     if a.shape[1] == 0:
         a = kernel.xp.zeros((a.shape[0], 1), dtype=a.dtype)
-    thr_dtype = np.result_type(a.dtype, forest.threshold.dtype)
-    return a.astype(thr_dtype, copy=False), thr_dtype
+    if a.dtype != thr:
+        a = a.astype(np.result_type(a.dtype, thr), copy=False)
+    return a, a.dtype
 
 
 # ------------------------------------------------------------ attribute parsing
@@ -593,7 +681,8 @@ class TreeEnsembleClassifier(KernelBase):
         if given(classlabels_int64s) == given(classlabels_strings):
             raise self.error("exactly one of classlabels_int64s and classlabels_strings must be set", X=x)
         using_strings = given(classlabels_strings)
-        labels = str_list(classlabels_strings) if using_strings else [int(v) for v in classlabels_int64s]
+        labels = np.asarray(str_list(classlabels_strings), dtype=object) if using_strings else \
+            np.asarray([int(v) for v in classlabels_int64s], dtype=np.int64)
         n_classes = len(labels)
         weights = _values(self, class_weights, class_weights_as_tensor, "class_weights", x)
         ids = np.asarray(class_ids if given(class_ids) else [], dtype=np.int64)
