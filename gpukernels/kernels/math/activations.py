@@ -59,6 +59,21 @@ def _softplus(xp, x):
 
 # ------------------------------------------------------------- the logistic family
 
+def clip_host(x, lo, hi, out):
+    """numpy.clip(x, lo, hi, out=out) of a host array with both bounds (0-d arrays of x's
+    type are fastest) through the ndarray method: the same clip loop, so the same bits,
+    without numpy.clip's dispatch (27.6K float32: 7.4 -> 5.6 us; 480: 3.1 -> 1.4 us)."""
+    return x.clip(lo, hi, out=out)
+
+
+def _const(value, dtype):
+    a = np.array(value, dtype)
+    a.flags.writeable = False
+    return a
+
+
+# HardSigmoid's bounds 0 and 1 as 0-d host arrays per type (clip_host takes those fastest)
+_UNIT_BOUNDS = {np.dtype(t): (_const(0, t), _const(1, t)) for t in (np.float32, np.float64)}
 
 
 def _chain_sigmoid(xp, x, out, scratch):
@@ -70,23 +85,34 @@ def _chain_sigmoid(xp, x, out, scratch):
 
 
 def _chain_swish(xp, x, out, scratch, alpha=1.0):
+    """x / (1 + exp(-alpha x)); the denominator in scratch when given (out may then be
+    x: see _WRITES_OUT_LAST), else in out."""
     f = x.dtype.type
-    xp.multiply(x, f(-alpha), out=out)
-    xp.exp(out, out=out)
-    out += f(1)
-    xp.divide(x, out, out=out)
+    d = out if scratch is None else scratch
+    xp.multiply(x, f(-alpha), out=d)
+    xp.exp(d, out=d)
+    d += f(1)
+    xp.divide(x, d, out=out)
 
 
 def _chain_hard_sigmoid(xp, x, out, scratch, alpha=0.2, beta=0.5):
     f = x.dtype.type
     xp.multiply(x, f(alpha), out=out)
     out += f(beta)
-    xp.clip(out, f(0), f(1), out=out)  # NumPy's two-sided clip is 4x faster than maximum
+    # NumPy's two-sided clip is 4x faster than maximum (on the host: clip_host)
+    bounds = _UNIT_BOUNDS.get(x.dtype) if xp is np else None
+    if bounds is not None:
+        clip_host(out, bounds[0], bounds[1], out)
+    else:
+        xp.clip(out, f(0), f(1), out=out)
 
 
 def _chain_hard_swish(xp, x, out, scratch):
-    _chain_hard_sigmoid(xp, x, out, scratch, 1.0 / 6.0, 0.5)
-    out *= x
+    """HardSigmoid(x) * x; HardSigmoid in scratch when given (out may then be x: see
+    _WRITES_OUT_LAST), else in out."""
+    d = out if scratch is None else scratch
+    _chain_hard_sigmoid(xp, x, d, None, 1.0 / 6.0, 0.5)
+    xp.multiply(d, x, out=out)
 
 
 def _chain_mish(xp, x, out, scratch):
@@ -111,6 +137,10 @@ def _minimum(xp, x, c, out):
     else:
         xp.minimum(x, c, out=out)
 
+
+# chains that, given a scratch array (which they otherwise do not need), write out only
+# in their last step, elementwise: out may be x itself (the epilogues' in-place case)
+_WRITES_OUT_LAST = {"Swish", "HardSwish"}
 
 # operator -> (chain, whether it needs a scratch block)
 _LOGISTIC_CHAINS = {

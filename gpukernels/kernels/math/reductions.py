@@ -22,11 +22,13 @@ last with select_last_index=1), as numpy.argmax/argmin do.  An empty reduced axi
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from ...dtypes import DataType
-from ...host import tuning
-from ...host import parallel_ranges
+from ...host import parallel_ranges, tuning
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ..specialize import specialize
@@ -60,9 +62,41 @@ class _Reduce(KernelBase):
         def apply(data):
             return self._step(Tensor.wrap(data, dt), red, keepdims).array
 
+        apply = self._host_sum_function(x, red, keepdims, apply)
         if len(inputs) > 1:
             return values_guarded(self.op_type, {"axes": axes_list}, apply)
         return apply
+
+    def _host_sum_function(self, x: Tensor, red, keepdims, apply):
+        """Compiled graphs, float Sum/Mean over trailing axes on the host (where _step
+        would take _reduce_rows_host's one add.reduce): each call straight to that step on
+        the data, without _step's per-call Tensor wrapping and np.errstate (the runtime
+        runs array functions under its own error guard: a floating-point event sends the
+        node back to the kernel); data of another type or layout goes through apply."""
+        xc = self.to_compute(x)
+        if red is None or x.ndim == 0 or xc is not x.array or xc.dtype not in FLOAT_TYPES:
+            return apply
+        # the step's choice for a C-contiguous array of x's type and rank (the recorded
+        # x may be a stand-in of another layout): None on the reference path or a GPU
+        probe = np.empty((1,) * x.ndim, xc.dtype)
+        if self.specialized("Reduce.rows", self, probe, red, 1) is not _reduce_rows_host \
+                or not _trailing_sum(self, probe, red):
+            return apply
+        lead, dtype, ndim = x.ndim - len(red), xc.dtype, x.ndim
+        ones = (1,) * len(red) if keepdims else ()
+        mean = self.op_type == "ReduceMean"
+
+        def host_sum(data):
+            shape = data.shape
+            if data.__class__ is not np.ndarray or data.dtype != dtype or len(shape) != ndim \
+                    or not data.flags.c_contiguous:
+                return apply(data)
+            n = math.prod(shape[lead:])
+            if n == 0:
+                return apply(data)
+            return sum_rows(data.reshape(-1, n), n, mean).reshape(shape[:lead] + ones)
+
+        return host_sum
 
     def _axes_list(self, x: Tensor, axes, noop_with_empty_axes) -> list:
         """The axes (a list of ints, unnormalised) from the input or the attribute, by
@@ -275,13 +309,111 @@ _REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceProd", "ReduceMax", "ReduceMin"
                "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
 
 
+def _trailing_sum(kernel, x, red) -> bool:
+    """Whether the step is a float Sum/Mean over the trailing axes of a C-contiguous
+    host array (one row of memory per output element)."""
+    return (kernel.op_type in ("ReduceSum", "ReduceMean") and x.__class__ is np.ndarray
+            and x.dtype in FLOAT_TYPES and x.flags.c_contiguous and bool(red)
+            and red[0] == x.ndim - len(red))
+
+
+FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def sum_rows(rows, count: int, mean: bool):
+    """The sums (mean: the means) of the rows of a C-contiguous 2-D float array by
+    np.add.reduce (then a division by count), the rows split over the host threads when
+    large: the loop numpy.sum and numpy.mean run on each row (NumPy's pairwise sum in the
+    array's type), so the same bits, whatever the split; short rows by _column_sums."""
+    items = tuning.value("reduce.thread_items")
+    if rows.size < 2 * items:  # one thread: one call (parallel_ranges costs 6 us here)
+        out = _add_rows(rows, None)
+        if mean:
+            np.divide(out, count, out=out)
+        return out
+    out = np.empty(rows.shape[0], rows.dtype)
+
+    def run(lo, hi):
+        _add_rows(rows[lo:hi], out[lo:hi])
+        if mean:
+            np.divide(out[lo:hi], count, out=out[lo:hi])
+
+    parallel_ranges(rows.shape[0], max(1, items // count), run)
+    return out
+
+
+# rows shorter than _SHORT_ROW elements, at least _COLUMN_ROWS per element, go by
+# _column_sums: NumPy reduces row by row (some 25 ns a row here), a column costs a ufunc
+# call (about 1 us); 2x576x3x3 over H, W 41 -> 12 us, 2x2048x3x3 169 -> 21 us (loaded
+# host); measured break-even at about 50 rows per element
+_SHORT_ROW = 16
+_COLUMN_ROWS = 64
+
+
+def _add_rows(rows, out):
+    """np.add.reduce(rows, axis=1, out=out) of a 2-D float array (out None: a new one),
+    rows of fewer than _SHORT_ROW elements by _column_sums where it has been found to
+    give NumPy's bits (_columns_agree)."""
+    n = rows.shape[1]
+    if 1 < n < _SHORT_ROW and rows.shape[0] >= _COLUMN_ROWS * n and _columns_agree(n, rows.dtype):
+        return _column_sums(rows, out)
+    return np.add.reduce(rows, axis=1, out=out)
+
+
+def _column_sums(rows, out=None):
+    """The sums of the rows (2 to 15 elements) in the order of NumPy's float add
+    reduction: its identity 0 plus the pairwise sum of the row (loops_utils.h.src),
+    which adds fewer than 8 elements one after the other, and 8 to 15 as
+    ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) then the rest one after the other -- each step
+    one ufunc call over a column of every row.  NumPy does not promise this order:
+    _columns_agree checks it once per row length and type."""
+    c = rows.T  # c[j]: element j of every row
+    n = c.shape[0]
+    out = np.add(c[0], c[1], out=out)
+    if n < 8:
+        first = 2
+    else:
+        a = np.add(c[2], c[3])
+        out += a
+        np.add(c[4], c[5], out=a)
+        b = np.add(c[6], c[7])
+        a += b
+        out += a
+        first = 8
+    for j in range(first, n):
+        out += c[j]
+    out += rows.dtype.type(0)  # the identity first: a sum of -0.0 is +0.0
+    return out
+
+
+@functools.cache
+def _columns_agree(n: int, dtype) -> bool:
+    """Whether _column_sums gives np.add.reduce's bits for rows of n elements of dtype,
+    on rows of random signs and magnitudes (1e-6 to 1e6) whose sums round differently
+    in another order; checked once (else the rows are reduced by NumPy)."""
+    rng = np.random.default_rng(n)
+    sample = rng.standard_normal((512, n)) * 10.0 ** rng.uniform(-6, 6, (512, 1))
+    sample = sample.astype(dtype)
+    sample[:8] = np.where(rng.random((8, n)) < 0.5, -0.0, 0.0)  # signed zeros
+    sample[8] = -0.0
+    with np.errstate(all="ignore"):
+        return np.add.reduce(sample, axis=1).tobytes() == _column_sums(sample).tobytes()
+
+
 @specialize("Reduce.rows", device="cpu", ops=_REDUCE_OPS,
             when=lambda kernel, x, red, count: (min(red) > 0 and x.flags.c_contiguous
-                                                and x.size >= 2 * tuning.value("reduce.thread_items")))
+                                                and x.size >= 2 * tuning.value("reduce.thread_items"))
+            or (count > 0 and _trailing_sum(kernel, x, red)))
 def _reduce_rows_host(kernel, x, red, count):
-    """kernel.reduce, split over the leading non-reduced axes on host threads.  Every
-    output element is reduced by the same NumPy loop over the same elements as in one
-    call, so the result does not depend on the thread count."""
+    """kernel.reduce, split over the leading non-reduced axes on host threads; a float
+    Sum/Mean over trailing axes (any size) as one np.add.reduce over the (rows, count)
+    view (sum_rows: NumPy's sum and mean run that loop on each row).  Every output
+    element is reduced by the same NumPy loop over the same elements as in one call, so
+    the result does not depend on the thread count."""
+    if count > 0 and _trailing_sum(kernel, x, red):
+        lead = x.ndim - len(red)
+        return sum_rows(x.reshape(-1, count), count, kernel.op_type == "ReduceMean").reshape(
+            x.shape[:lead] + (1,) * len(red))
     lead = min(red)
     outer = int(np.prod(x.shape[:lead], dtype=np.int64))
     rows = x.reshape((outer,) + x.shape[lead:])

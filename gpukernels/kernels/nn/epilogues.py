@@ -8,10 +8,11 @@ the activation after a Conv.
 
 Values: exactly the bits of the activation's own kernel on that device.  Each epilogue
 runs the kernel's own steps: Relu ``maximum(x, 0)``; Clip the kernel's choice of path
-(``Clip.bounds``: NumPy's one-pass clip on the host, else maximum then minimum) with the
-bounds converted as the kernel converts them; Tanh the kernel's ufunc; LeakyRelu the
-product ``x * alpha`` where ``x < 0``; Sigmoid, HardSigmoid, HardSwish, Swish and Mish
-the kernel's in-place chain (activations.py ``_LOGISTIC_CHAINS``).
+(``Clip.bounds``: NumPy's one-pass clip on the host, called as the ndarray method, else
+maximum then minimum) with the bounds converted as the kernel converts them; Tanh the
+kernel's ufunc; LeakyRelu the product ``x * alpha`` where ``x < 0``; Sigmoid,
+HardSigmoid, HardSwish, Swish and Mish the kernel's in-place chain (activations.py
+``_LOGISTIC_CHAINS``).
 
 Every step is elementwise, so the layout and blocking change no value.  On the host,
 Relu and the chains of several steps (LeakyRelu, the logistic family) run on flat views
@@ -21,7 +22,9 @@ first copied into the output; large arrays go in blocks of ``logistic.block_elem
 elements (the chain's temporaries in cache): the chains over the host threads as their
 kernels do (unless the caller is one of those threads: they never wait on each other),
 Relu in the calling thread.  Clip and Tanh are one call.  Chains that read x after
-writing their output (Swish, HardSwish, Mish) go through a temporary when out is src.
+writing their output (Swish, HardSwish, Mish) need a temporary when out is src: Swish
+and HardSwish keep their intermediate there and write out last (activations.py
+``_WRITES_OUT_LAST``), Mish runs into it and is copied.
 IEEE events are silenced where the kernel silences them (the MathUnary activations and
 the logistic family), not for Relu and Clip.
 
@@ -39,7 +42,7 @@ import numpy as np
 
 from ...host import host_blocks, on_host_thread, pooled_empty, tuning
 from ..math._mathcommon import scalar_value
-from ..math.activations import _LOGISTIC_CHAINS
+from ..math.activations import _LOGISTIC_CHAINS, _WRITES_OUT_LAST, clip_host
 from ..math.clip_pow import _bound, _clip_host, _clip_reference
 from ..math.unary import host_bound
 
@@ -194,9 +197,13 @@ def build_epilogue(kernel, attrs: dict, dtype, bounds=None):
         return _leaky_relu(kernel, attrs, dtype)
     if op in _LOGISTIC_CHAINS:
         chain, needs_scratch = _LOGISTIC_CHAINS[op]
+        writes_out_last = op in _WRITES_OUT_LAST
         params = {k: float(attrs[k] if attrs.get(k) is not None else v) for k, v in kernel._params}
 
         def logistic(xp, s, o, tmp, scratch):
+            if tmp is not None and writes_out_last:  # in place: tmp holds the chain's
+                chain(xp, s, o, tmp, **params)  # intermediate, no copy (the same steps)
+                return
             dst = o if tmp is None else tmp
             chain(xp, s, dst, scratch, **params)
             if tmp is not None:
@@ -231,10 +238,11 @@ def _clip(kernel, attrs, dtype, bounds):
     if kernel.specialized("Clip.bounds", np.empty(0, dtype)) is _clip_host:
         # _clip_host's one NumPy call, the type's infinities standing in for an absent
         # bound; the bounds as 0-d arrays of x's type, as Clip.array_function passes them
-        # (the same values; NumPy's clip takes 2 us less per call than with scalars)
+        # (the same values; NumPy's clip takes 2 us less per call than with scalars),
+        # through clip_host (the same loop without numpy.clip's dispatch)
         lo_h = np.array(-np.inf if lo is None else lo, dtype)
         hi_h = np.array(np.inf if hi is None else hi, dtype)
-        return Epilogue("Clip", kernel.xp, lambda xp, s, o, tmp, scratch: np.clip(s, lo_h, hi_h, out=o),
+        return Epilogue("Clip", kernel.xp, lambda xp, s, o, tmp, scratch: clip_host(s, lo_h, hi_h, o),
                         blocked="")
 
     return Epilogue("Clip", kernel.xp, lambda xp, s, o, tmp, scratch: _clip_reference(xp, s, lo, hi, out=o),
