@@ -68,8 +68,18 @@ def row_sums(xp, a, ones):
 
 
 def row_ones(xp, n: int, dtype):
-    """A vector of n ones for ``row_sums`` (None where pairwise summation is used)."""
-    return xp.ones(n, dtype) if 0 < n <= _DOT_SUM_MAX else None
+    """A vector of n ones for ``row_sums`` (None where pairwise summation is used); on the
+    host one read-only vector per length and type, kept."""
+    if not 0 < n <= _DOT_SUM_MAX:
+        return None
+    return _host_ones(n, np.dtype(dtype)) if xp is np else xp.ones(n, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _host_ones(n: int, dtype):
+    ones = np.ones(n, dtype)
+    ones.flags.writeable = False
+    return ones
 
 
 def row_dots(xp, a, b):
@@ -97,14 +107,14 @@ def softmax_rows(xp, xb, ob, ones, wait: bool = False) -> None:
     over every row."""
     xp.exp(xb, out=ob)
     s = row_sums(xp, ob, ones)
-    redo = ~((s >= 1) & (s <= 2.0 ** 100))  # NaN is redone too
     if not wait:
+        redo = ~((s >= 1) & (s <= 2.0 ** 100))  # NaN is redone too
         shift = xp.where(redo, xp.max(xb, axis=1), 0)
         xp.subtract(xb, shift[:, None], out=ob)
         xp.exp(ob, out=ob)
         s = row_sums(xp, ob, ones)
-    elif bool(redo.any()):
-        rows = xp.flatnonzero(redo)
+    elif not (xp.minimum.reduce(s) >= 1 and xp.maximum.reduce(s) <= 2.0 ** 100):  # NaN fails too
+        rows = xp.flatnonzero(~((s >= 1) & (s <= 2.0 ** 100)))
         xr = xb[rows]
         er = xp.exp(xr - xp.max(xr, axis=1, keepdims=True))
         s[rows] = row_sums(xp, er, ones)

@@ -125,12 +125,43 @@ class Attention(KernelBase):
         absent = [Tensor()] * (7 - len(inputs))
         p = self._validate(a, *inputs, *absent)
         types = [t.data_type for t in inputs]
+        host = self._planned_host(p, inputs)
+        if host is not None:
+            return host
         compute, wrap = self._compute, Tensor.wrap
 
         def attention_y(*arrays):
             return compute(p, *[wrap(x, dt) for x, dt in zip(arrays, types)], *absent).Y.array
 
         return attention_y
+
+    def _planned_host(self, p, inputs):
+        """For array_function: Y as _compute gives it when Q, K and V (no cache) are all
+        float32 or all float64 (computed as they are) and "Attention.blocks" applies,
+        with that choice, the compute type and the mask's type fixed once: per call only
+        the mask's bias, the Y buffer and the host blocks.  None otherwise."""
+        q, k, v = inputs[:3]
+        mask = inputs[3] if len(inputs) == 4 else Tensor()
+        cdt = q.array.dtype
+        if (len(inputs) not in (3, 4) or mask.is_absent and len(inputs) == 4 or cdt.kind != "f"
+                or q.data_type not in (DataType.FLOAT, DataType.DOUBLE)
+                or k.data_type != q.data_type or v.data_type != q.data_type
+                or min(p["Sq"], p["T"], p["B"], p["q_heads"]) == 0):
+            return None
+        fast = self.specialized("Attention.blocks", p, mask, False, cdt)
+        if fast is None:
+            return None
+        kernel, rank, mask_type = self, p["rank"], mask.data_type
+        B, Hq, Hkv, Sq, T, Dv = p["B"], p["q_heads"], p["kv_heads"], p["Sq"], p["T"], p["Dv"]
+
+        def attention_y_host(q, k, v, mask=None):
+            Y = np.empty((B, Hq, Sq, Dv), dtype=cdt)
+            bias = None if mask is None else kernel._prepare_mask(Tensor.wrap(mask, mask_type), T, cdt)[0]
+            fast(kernel, p, cdt, kernel._to4d(q, Hq, rank), kernel._to4d(k, Hkv, rank),
+                 kernel._to4d(v, Hkv, rank), Y, bias)
+            return Y if rank == 4 else Y.transpose(0, 2, 1, 3).reshape(B, Sq, Hq * Dv)
+
+        return attention_y_host
 
     # ------------------------------------------------------------------ validation
     def _validate(self, a, q, k, v, mask, pk, pv, nonpad) -> dict:
@@ -463,8 +494,9 @@ class _HostAttention:
     are not multiplied at all), E = exp(s) in place (NumPy's float32 exp is vectorised:
     measured 1.5-1.8x faster than its exp2 on 16K-256K elements on an AVX2 host; one
     thread, as waking a second costs more than it saves on blocks this size), its row
-    sums as E @ ones (a BLAS product, faster than np.sum) written into one (rows, 1) array
-    of the whole call, and E @ V written straight into Y.  After the last block Y is
+    sums as E @ ones (a BLAS product, faster than np.sum; with a few rows, decoding, one
+    np.add.reduce) written into one (rows, 1) array of the whole call, and E @ V written
+    straight into Y.  After the last block Y is
     divided by the row sums in one pass (on Dv columns instead of T).
 
     Softmax is shift-invariant, so the row max is subtracted only when the sums show that
@@ -489,6 +521,7 @@ class _HostAttention:
         self.causal_rows = tuning.value("attention.host_causal_rows")
         self.few_rows = tuning.value("attention.few_rows")
         self.bias = bias  # additive, (1|B, 1|Hq, 1|Sq, T), or None
+        self.fold = None  # (B, Hq) once _fold_batches merged the batches into the KV heads
         self.work = None  # score workspace, flat; allocated by run()
         self.qbuf = None  # scaled query rows of a block, flat
         self.ones = None  # (T, 1) ones: row sums as a matrix product
@@ -516,6 +549,7 @@ class _HostAttention:
         if self.B > 1 and n == self.Sq and hb == self.Hkv and self.G * n <= self.few_rows:
             self._fold_batches()
             hb = self.Hkv
+        blocks = list(self._each_block(n, hb)) if self.fold is None else [(0, 0, self.Hkv, 0, self.Sq)]
         B, Hkv, G, Sq = self.B, self.Hkv, self.G, self.Sq
         Q5 = Qc.reshape(B, Hkv, G, Sq, self.D)  # a view: splits the head axis
         K4 = _blas_rows(Kc).reshape(B, Hkv, self.T, self.D)  # read only: a copy if a fold needs one
@@ -525,8 +559,7 @@ class _HostAttention:
         if G * n > self.few_rows:  # the few-rows path (decoding) makes its own small arrays
             self.work = np.empty(hb * G * n * self.T, dtype=self.cdt)
             self.qbuf = np.empty(hb * G * n * self.D, dtype=self.cdt)
-        self.ones = np.ones((self.T, 1), dtype=self.cdt)
-        blocks = list(self._each_block(n, hb))
+            self.ones = np.ones((self.T, 1), dtype=self.cdt)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             for b, h0, h1, r0, r1 in blocks:
                 self._block(Q5[b, h0:h1, :, r0:r1], K4[b, h0:h1], V4[b, h0:h1],
@@ -543,24 +576,23 @@ class _HostAttention:
     def _fold_batches(self):
         """Decoding (one block per batch, a few query rows): the batch axis folded into the
         KV heads, so that one block covers the call (the causal offset is the same for
-        every batch); the bias follows, broadcast over batches and query heads."""
-        m = self.bias
-        if m is not None and (m.shape[0] > 1 or m.shape[1] > 1):
-            m = np.broadcast_to(m, (self.B, self.Hq) + m.shape[2:]).reshape((1, self.B * self.Hq) + m.shape[2:])
-        self.bias = m
+        every batch).  The bias stays as it is: _scores adds it to the (B, Hq, n, T) view
+        of the block's scores."""
+        self.fold = (self.B, self.Hq)
         self.Hkv, self.Hq, self.B = self.B * self.Hkv, self.B * self.Hq, 1
 
     @staticmethod
     def _fine(tot, y) -> bool:
         """Whether unshifted row sums tot and E @ V y are usable: every sum in range (no
         term overflowed, the largest term is a normal number) and y finite."""
-        return bool(tot.min() > _SUM_LO and tot.max() < _SUM_HI and np.isfinite(np.sum(y)))
+        return bool(np.minimum.reduce(tot, axis=None) > _SUM_LO and np.maximum.reduce(tot, axis=None) < _SUM_HI
+                    and np.isfinite(np.add.reduce(y, axis=None)))  # the ufuncs: no wrappers
 
     def _bias_of(self, b, h0, h1):
         """The bias of batch b and KV heads h0:h1 as (h or 1, G or 1, 1|Sq, T), or None."""
         m = self.bias
-        if m is None:
-            return None
+        if m is None or self.fold is not None:  # folded: the one block takes the whole bias
+            return m
         m = m[b if m.shape[0] > 1 else 0]
         if m.shape[0] == 1:
             return m[None]
@@ -572,7 +604,9 @@ class _HostAttention:
         h, G, n, D = q.shape
         Tb = min(self.T, r1 + self.offset) if self.causal else self.T  # keys the block sees
         Kb = K[:, :Tb]
-        if G * n <= self.few_rows:  # decoding: K @ q^T runs as a fast matrix-vector-like product
+        if G * n == 1:  # one query row per KV head: q^T and the scores are free reshapes
+            s = np.matmul(Kb, np.multiply(q, self.scale).reshape(h, D, 1)).reshape(h, 1, Tb)
+        elif G * n <= self.few_rows:  # decoding: K @ q^T runs as a fast matrix-vector-like product
             qs = np.multiply(q, self.scale).reshape(h, G * n, D)
             st = np.matmul(Kb, qs.transpose(0, 2, 1).copy())  # (h, Tb, G*n)
             s = np.ascontiguousarray(st.transpose(0, 2, 1))
@@ -581,7 +615,9 @@ class _HostAttention:
             np.multiply(q, self.scale, out=qs)
             s = np.matmul(qs.reshape(h, G * n, D), Kb.transpose(0, 2, 1),
                           out=self.work[:h * G * n * Tb].reshape(h, G * n, Tb))
-        if bias is not None:
+        if bias is not None and self.fold is not None:  # the one block: all batches, heads and rows
+            s.reshape(self.fold + (n, Tb))[...] += bias[..., :Tb]
+        elif bias is not None:
             s.reshape(h, G, n, Tb)[...] += bias[:, :, r0:r1, :Tb] if bias.shape[2] > 1 else bias[..., :Tb]
         j0 = r0 + self.offset + 1  # keys below j0 are visible to every row of the block
         if self.causal and j0 < Tb:
@@ -598,7 +634,10 @@ class _HostAttention:
         s, Tb = self._scores(q, K, r0, r1, bias)
         np.exp(s, out=s)  # one thread: waking a second one costs more than it saves here
         s4 = s.reshape(h, G, n, Tb)
-        np.matmul(s4, self.ones[:Tb], out=tot)  # row sums
+        if self.ones is None:  # a few rows: the row sums as one reduction
+            np.add.reduce(s4, axis=-1, keepdims=True, out=tot)
+        else:
+            np.matmul(s4, self.ones[:Tb], out=tot)  # row sums
         _times_v(s4, V[:, :Tb], y)
 
     def _shifted_block(self, q, K, V, y, tot, r0, r1, bias=None):
@@ -625,6 +664,8 @@ def _blas_rows(a):
     along the last axis, rows at least a row apart: the (B, H, S, D) views of (B, S, H, D)
     projections that exporters transpose), else a C-contiguous copy."""
     isz = a.itemsize
+    if a.flags.c_contiguous:  # the common case first (the copy below would be a itself)
+        return a
     if a.ndim >= 2 and a.strides[-1] == isz and a.strides[-2] % isz == 0 and a.strides[-2] >= a.shape[-1] * isz \
             and all(st >= 0 for st in a.strides):
         return a
