@@ -244,3 +244,55 @@ def test_softmax_rows_redo_check(rng, kinds):
     finite = np.isfinite(x).all(axis=1)
     np.testing.assert_allclose(host[finite], want[finite], rtol=1e-5, atol=1e-7)
     assert not ones.flags.writeable and row_ones(np, 33, np.float32) is ones
+
+
+# --------------------------------------------------- MatMulInteger with constant weights
+
+def _frozen(array):
+    array = np.array(array)
+    array.flags.writeable = False
+    return array
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("b_zero", ["absent", "scalar", "per_column"])
+@pytest.mark.parametrize("k", [200, 300])  # float32 sums (K * 255**2 < 2**24), float64
+def test_matmul_integer_kept_weight(rng, rows, dtype, b_zero, k):
+    """A frozen B (a constant) is converted once per node and reused while the same
+    arrays come back; another B or zero point of the same shape is converted again.
+    Every result is the exact integer product (an int64 reference)."""
+    from gpukernels.kernels.math.matmul_integer import MatMulInteger
+
+    info = np.iinfo(dtype)
+    kernel = MatMulInteger(KernelContext(), 10)
+    n = 40
+    a_zero = np.array(3, dtype)
+
+    def operand(*shape):
+        return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+    def zero_point():
+        if b_zero == "absent":
+            return None
+        return _frozen(operand(*(() if b_zero == "scalar" else (n,))))
+
+    def expected(a, b, bz):
+        shift_b = 0 if bz is None else bz.astype(np.int64)
+        return (a.astype(np.int64) - a_zero) @ (b.astype(np.int64) - shift_b)
+
+    b1, z1 = _frozen(operand(k, n)), zero_point()
+    b2, z2 = _frozen(operand(k, n)), zero_point()
+    for b, bz in ((b1, z1), (b1, z1), (b2, z2), (b1, z1), (b1, z2 if z2 is not None else None)):
+        a = operand(rows, k)
+        args = (a, b, a_zero) + (() if bz is None else (bz,))
+        got = kernel(*args).numpy()
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, expected(a, b, bz))
+    assert kernel._kept_b[0] is b1  # the last frozen weight is the one kept
+
+    writable = operand(k, n)  # a fed (writable) weight is never kept
+    a = operand(rows, k)
+    np.testing.assert_array_equal(kernel(a, writable, a_zero).numpy(), expected(a, writable, None))
+    writable[...] = operand(k, n)
+    np.testing.assert_array_equal(kernel(a, writable, a_zero).numpy(), expected(a, writable, None))
