@@ -328,7 +328,7 @@ def conv2d_windows(x, w, b, strides, pads, dilations, O, epilogue=None, wide=Non
     N, C, kh, kw, Ho, Wo, Wc, L, K, nb = p.N, p.C, p.kh, p.kw, p.Ho, p.Wo, p.Wc, p.L, p.K, p.nb
     fold, direct, Kc = p.fold, p.direct, p.Kc
     if p.ones_row:
-        wm = _derived(memo, "weights+bias", w, b, _weights_with_bias(K))
+        wm = derived(memo, "weights+bias", w, b, _weights_with_bias(K))
     else:
         wm = w.reshape(M, K)
     flat = scratch_flat(p.flat, dtype)
@@ -512,8 +512,9 @@ class ConstantMemo:
         return value
 
 
-def _derived(memo, kind, w, b, make):
-    """make(w, b), through memo (a ConstantMemo) when there is one."""
+def derived(memo, kind, w, b, make):
+    """make(w, b), through memo (a ConstantMemo: the node's, kept while w and b are
+    constants) when there is one, else derived on every call."""
     return make(w, b) if memo is None else memo.get(kind, w, b, make)
 
 
@@ -542,7 +543,7 @@ def add_bias(y, src, b, memo, pixels_shape):
     M = y.shape[1]
     pixels = math.prod(pixels_shape)
     if pixels <= _BLOCK_ROW_PIXELS and M * pixels * y.dtype.itemsize <= _BLOCK_MAX_BYTES:
-        block = _derived(memo, ("bias", pixels_shape), None, b, _bias_block((M,) + pixels_shape, y.dtype))
+        block = derived(memo, ("bias", pixels_shape), None, b, _bias_block((M,) + pixels_shape, y.dtype))
         np.add(src, block, out=y)
     else:
         np.add(src, b.astype(y.dtype, copy=False).reshape((M,) + (1,) * len(pixels_shape)), out=y)
@@ -575,7 +576,7 @@ def pointwise(x, w, b, strides, O, epilogue=None, memo=None):
         if cols[0, C, 0] != 1:  # a new scratch: its ones row, kept with it
             cols[:, C] = 1
         cols[:, :C].reshape(p.x_sub_shape)[...] = x[p.sub] if p.sub else x
-        wb = _derived(memo, "weights+bias", w, b, _weights_with_bias(C))
+        wb = derived(memo, "weights+bias", w, b, _weights_with_bias(C))
         np.matmul(wb, cols, out=y3)
         return finish(y, epilogue)
     if p.sub:
@@ -629,7 +630,7 @@ def trim_taps(x, w, strides, pads, dilations, O, memo=None):
     if plan is None:
         return None
     crops, taps, new_pads = plan
-    wt = _derived(memo, ("trimmed", x.shape), w, None, lambda w, _: _kept_taps(w, taps))
+    wt = derived(memo, ("trimmed", x.shape), w, None, lambda w, _: _kept_taps(w, taps))
     if wt is None:
         return None
     return x[crops], wt, list(new_pads)

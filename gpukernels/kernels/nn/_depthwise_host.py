@@ -1,14 +1,19 @@
 """Host-only (NumPy) depthwise 2-D convolution paths, chosen by ``depthwise_2d``:
 
-* ``depthwise_tap_products``: one (taps x pixels) product per channel over a phase split
-  of the input (any stride);
-* ``depthwise_plane_products``: planes no larger than the kernel (``use_plane_products``),
-  one small (outputs x inputs) matrix per channel;
+* ``depthwise_row_taps``: one (taps x pixels) product per channel over phase images as
+  wide as the output (no padding columns: every copy is whole planes; ``row_layout``);
+* ``depthwise_tap_products``: the same over phase images with padding columns (any
+  geometry);
+* ``depthwise_plane_products``: small planes (``use_plane_products``), one (outputs x
+  inputs) matrix per channel, applied with the channels last;
 * ``depthwise_taps_nhwc``: other tiny outputs (``use_channels_last_taps``), tap passes
   with the channels last.
 
 Each is measured against the others on a 2-core host; see their docstrings.  The
 activation fused into a convolution (``epilogue``) is applied where the path writes Y.
+What the paths derive from the weights (reordered, tiled or gathered, with the bias) is
+kept for constant weights by the node's ``memo`` (a _conv_host.ConstantMemo) when the
+caller passes one.
 """
 
 from __future__ import annotations
@@ -18,7 +23,15 @@ import functools
 import numpy as np
 
 from ...host import host_blocks, tuning
-from ._conv_host import copy_regions, finish, kept_planes, output_array, phase_regions, scratch_flat, tap_groups
+from ._conv_host import (
+    copy_regions,
+    derived,
+    kept_planes,
+    output_array,
+    phase_regions,
+    scratch_flat,
+    tap_groups,
+)
 
 
 def use_channels_last_taps(N, C, m, T, H, W, Ho, Wo, Wq) -> bool:
@@ -31,12 +44,12 @@ def use_channels_last_taps(N, C, m, T, H, W, Ho, Wo, Wq) -> bool:
     against 226 us).  So the small outputs of mobile networks' last stages: 2x480x3x3
     3x3 200 -> 88 us, 2x288x6x6 5x5 stride 2 286 -> 148, 2x192x6x6 3x3 136 -> 117;
     not 2x48x16x16 stride 2 (94 against 115) nor 12x12 outputs (2x120x12x12 5x5 358
-    against 500).  Planes no larger than the kernel take depthwise_plane_products first."""
+    against 500).  Small planes take depthwise_plane_products first (use_plane_products)."""
     channels_last = 30 + 0.42e-3 * T * N * C * Ho * Wo + 0.9e-3 * N * C * H * W
     return m == 1 and channels_last < 40 + 0.4 * C + 0.25e-3 * T * N * C * Ho * Wq
 
 
-def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None):
+def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
     """Depthwise 2-D convolution (multiplier 1) with the channels last, for tiny outputs
     with many channels.  The input is copied once, transposed, into a zero-bordered
     phase-image scratch with the channels last (N, row phase, column phase, Hq + 1, Wq,
@@ -65,14 +78,11 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None):
     zs = z.strides
     R = Wo * C  # one output row, the channels last
     rows = T + (b is not None)
-    flat = _scratch(rows * (N * Ho + 1) * R + N * Ho * R, dtype)
+    flat = _scratch(rows * N * Ho * R + N * Ho * R, dtype)
     terms = flat[:rows * N * Ho * R].reshape(rows, N, Ho, R)  # every tap's products, the bias
-    wt = flat[rows * N * Ho * R:][:rows * R].reshape(rows, 1, 1, Wo, C)  # weights tiled along a row
-    np.copyto(wt[:T], w.reshape(C, T).T[:, None, None, None, :])
+    wt = derived(memo, ("nhwc", dtype.str, Wo), w, b, lambda w, b: _tiled_along_rows(w, b, dtype, Wo))
     if b is not None:
-        np.copyto(wt[T], b.astype(dtype, copy=False))
-        np.copyto(terms[T], wt[T].reshape(1, 1, R))
-    wt = wt.reshape(rows, 1, 1, R)
+        np.copyto(terms[T], wt[T])
     t5 = terms[:T].reshape(kh, kw, N, Ho, R)
     w5 = wt[:T].reshape(kh, kw, 1, 1, R)
     for ki, kj, rh, rw, ni, nj, start, row_step, col_step in copies:
@@ -80,7 +90,7 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None):
         view = np.ndarray((ni, nj, N, Ho, R), dtype, z, rh * zs[1] + rw * zs[2] + start * C * item,
                           (row_step * C * item, col_step * C * item, zs[0], zs[3], item))
         np.multiply(view, w5[ki, kj], out=t5[ki, kj])
-    acc = flat[rows * (N * Ho + 1) * R:].reshape(N, Ho, R)
+    acc = flat[rows * N * Ho * R:].reshape(N, Ho, R)
     np.add.reduce(terms, axis=0, out=acc)
     y = output_array((N, C, Ho, Wo), dtype)
     res = acc.reshape(N, Ho, Wo, C).transpose(0, 3, 1, 2)
@@ -89,6 +99,17 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None):
     else:
         epilogue(res, y)
     return y
+
+
+def _tiled_along_rows(w, b, dtype, Wo):
+    """depthwise_taps_nhwc's weights: (taps + bias, 1, 1, Wo * C), each tap's (and the
+    bias') per-channel values tiled along an output row with the channels last."""
+    C, T = w.shape[0], w.shape[2] * w.shape[3]
+    wt = np.empty((T + (b is not None), 1, 1, Wo, C), dtype)
+    np.copyto(wt[:T], w.reshape(C, T).T[:, None, None, None, :])
+    if b is not None:
+        np.copyto(wt[T], b.astype(dtype, copy=False))
+    return wt.reshape(-1, 1, 1, Wo * C)
 
 
 def _scratch(count, dtype) -> np.ndarray:
@@ -104,13 +125,18 @@ _PLANE_MATRIX_MAX = 1 << 14  # entries of one channel's (outputs x inputs) matri
 
 def use_plane_products(H, W, kh, kw, Ho, Wo) -> bool:
     """Whether depthwise_plane_products beats the tap paths: its (outputs x inputs)
-    matrices cost about as much as a tap pass per input pixel, so when a plane has no
-    more pixels than the kernel has taps (convnext's 7x7 on 2x2 and 4x4 planes,
-    efficientnet's 5x5 on 3x3), and the matrix stays small (huge pads could make the
-    outputs many).  Measured on a 2-core host (shared, 1 thread, float32): 2x256x2x2
-    7x7 430 -> 31 us, 2x128x4x4 7x7 320 -> 117 us, 2x576x3x3 5x5 390 -> 145 us,
-    2x480x3x3 3x3 141 -> 109 us; 2x336x6x6 5x5 (rejected here) would go 560 -> 1090."""
-    return H * W <= kh * kw and Ho * Wo * H * W <= _PLANE_MATRIX_MAX
+    entries cost 0.35-0.4 ns each per channel and image (fitted on a 2-core host shared
+    with other jobs, CPU time, 1 thread, float32: 18 us + 0.4 ns per entry), against
+    depthwise_taps_nhwc's 0.42 ns per tap and output + 0.9 per input pixel (its cost
+    model, use_channels_last_taps): planes no larger than the kernel (convnext's 7x7 on
+    2x2 and 4x4 planes, efficientnet's 5x5 on 3x3), 5x5 at stride 2 on 6x6, 3x3 at
+    stride 2 on 4x4; the matrix stays small (huge pads could make the outputs many).
+    Measured against the path chosen before: 2x128x4x4 7x7 130 -> 53 us, 2x256x2x2 7x7
+    44 -> 23, 2x576x3x3 5x5 161 -> 56, 2x480x3x3 3x3 124 -> 51, 2x288x6x6 5x5 stride 2
+    154 -> 87, 2x128x4x4 3x3 stride 2 66 -> 24; rejected: 2x240x6x6 5x5 (259 against
+    256), 2x192x6x6 3x3 (117 against 222), 2x64x8x8 7x7 (233 against 340)."""
+    Q, P = Ho * Wo, H * W
+    return Q * P <= _PLANE_MATRIX_MAX and (P <= kh * kw or 0.35 * Q * P <= 0.42 * kh * kw * Q + 0.9 * P)
 
 
 @functools.lru_cache(maxsize=64)
@@ -131,29 +157,66 @@ def _plane_taps(H, W, kh, kw, strides, pads, dilations, O):
     return index.reshape(Ho * Wo, H * W)
 
 
-def depthwise_plane_products(x, w, b, strides, pads, dilations, O):
-    """Depthwise 2-D convolution of planes no larger than the kernel: each channel's
-    taps laid out as an (outputs x inputs) matrix A[c] (gathered from the weights, zero
-    where an input pixel is padding or outside an output's window), then one batched
-    product A[c] @ x[n, c] per (image, channel) -- every tap that reads data is one
-    multiply-add, none that reads padding is computed.  Only for finite x and w (a
-    structural zero times an infinite input would be NaN, where the reference reads no
-    such pixel): the caller checks.  The bias is added to Y."""
-    N, C, H, W = x.shape
+def _plane_matrices(w, dtype, H, W, strides, pads, dilations, O):
+    """depthwise_plane_products' matrices, (outputs, inputs, output channels): entry
+    (o, p, c) the weight of output channel c linking input pixel p to output pixel o
+    (_plane_taps), zero where none does."""
     M, _, kh, kw = w.shape
+    T = kh * kw
+    wz = np.zeros((T + 1, M), dtype)
+    wz[:T] = w.reshape(M, T).T
+    index = _plane_taps(H, W, kh, kw, strides, pads, dilations, O)
+    return wz[index]
+
+
+def depthwise_plane_products(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
+    """Depthwise 2-D convolution of small planes (use_plane_products) as (outputs x
+    inputs) matrices with the channels last: every entry of the matrices A[o, p, c]
+    (gathered from the weights, once per constant W with a memo; zero where input pixel p
+    is padding or outside output o's window) times the input's pixel p of channel c in
+    one multiply (rows of C, the input copied channels last), the inputs summed by one
+    add.reduce, the bias added, and one transposed copy into Y applies the epilogue.
+    Every tap that reads data is one multiply-add; a structural zero times an infinite
+    input would be NaN where the reference reads no such pixel, so only for finite x and
+    w (the caller checks).  Images in chunks that keep the products within
+    conv.host_cols_bytes.  Replaces one BLAS product A[c] @ x[n, c] per image and
+    channel (about 0.08 us a call, and the gather on every call): see use_plane_products
+    for times."""
+    N, C, H, W = x.shape
+    M = w.shape[0]
     m = M // C
     Ho, Wo = O
-    T = kh * kw
+    Q, P = Ho * Wo, H * W
     dtype = x.dtype
-    index = _plane_taps(H, W, kh, kw, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))
-    wz = np.zeros((C, m, T + 1), dtype)
-    wz[:, :, :T] = w.reshape(C, m, T)
-    taps = wz[:, :, index].reshape(C, m * Ho * Wo, H * W)  # A[c], the multiplier's rows stacked
+    geometry = (H, W, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))
+    A = derived(memo, ("plane", dtype.str) + geometry, w, None,
+              lambda w, b: _plane_matrices(w, dtype, *geometry)).reshape(Q, P, C, m)
+    bias = None if b is None else b.astype(dtype, copy=False)
     y = output_array((N, M, Ho, Wo), dtype)
-    np.matmul(taps, x.reshape(N, C, H * W, 1), out=y.reshape(N, C, m * Ho * Wo, 1))
-    if b is not None:
-        y += b.reshape(1, M, 1, 1).astype(dtype, copy=False)
+    nb = max(1, min(N, tuning.value("conv.host_cols_bytes") // (dtype.itemsize * Q * P * M)))
+    for n0 in range(0, N, nb):
+        n = min(N, n0 + nb) - n0
+        flat = _scratch(n * (P * C + Q * P * M + Q * M), dtype)
+        xt = flat[:n * P * C].reshape(n, P, C)
+        xt[...] = x[n0:n0 + n].reshape(n, C, P).transpose(0, 2, 1)
+        prod = flat[n * P * C:n * (P * C + Q * P * M)].reshape(n, Q, P, C, m)
+        np.multiply(A, xt.reshape(n, 1, P, C, 1), out=prod)
+        acc = flat[n * (P * C + Q * P * M):].reshape(n, Q, M)
+        np.add.reduce(prod.reshape(n, Q, P, M), axis=2, out=acc)
+        if bias is not None:
+            acc += bias
+        src = acc.transpose(0, 2, 1)
+        dst = y[n0:n0 + n].reshape(n, M, Q)
+        if epilogue is None:
+            dst[...] = src
+        else:
+            epilogue(src, dst)
     return y
+
+
+def _finite_weights(w, b) -> bool:
+    """Whether every weight is finite."""
+    return bool(np.isfinite(w).all())
 
 
 def _all_finite(*arrays) -> bool:
@@ -161,23 +224,29 @@ def _all_finite(*arrays) -> bool:
     return all(bool(np.isfinite(a).all()) for a in arrays)
 
 
-def depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue=None):
-    """Depthwise 2-D convolution on the host: planes no larger than the kernel take
-    depthwise_plane_products, other small outputs depthwise_taps_nhwc, the rest
+def depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
+    """Depthwise 2-D convolution on the host: small planes take depthwise_plane_products
+    (use_plane_products; finite x and w only), other small outputs depthwise_taps_nhwc,
+    narrow kernels on mid-sized outputs depthwise_row_taps (use_row_taps), the rest
     depthwise_tap_products.  epilogue: an activation fused into the convolution
-    (epilogue(src, out) writes act(src) into out), applied by the tap paths in the copy
-    that writes Y; the plane products write Y from BLAS, so there it follows the bias
-    (_conv_host.finish; their outputs are a few pixels per plane)."""
+    (epilogue(src, out) writes act(src) into out), applied by every path in the copy
+    that writes Y.  memo: the node's _conv_host.ConstantMemo (or None), for what the
+    paths derive from constant weights."""
     N, C, H, W = x.shape
     m = w.shape[0] // C
     kh, kw = w.shape[2:]
     Ho, Wo = O
-    if use_plane_products(H, W, kh, kw, Ho, Wo) and _all_finite(x, w):
-        return finish(depthwise_plane_products(x, w, b, strides, pads, dilations, O), epilogue)
+    if (use_plane_products(H, W, kh, kw, Ho, Wo) and derived(memo, "finite", w, None, _finite_weights)
+            and _all_finite(x)):
+        return depthwise_plane_products(x, w, b, strides, pads, dilations, O, epilogue, memo)
     Wq = _tap_layout(H, W, kh, kw, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))[1]
     if use_channels_last_taps(N, C, m, kh * kw, H, W, Ho, Wo, Wq):
-        return depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue)
-    return depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue)
+        return depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue, memo)
+    layout = row_layout(N, C, x.dtype.itemsize, H, W, kh, kw, tuple(strides), tuple(pads[:2]),
+                        tuple(dilations), tuple(O))
+    if layout is not None and use_row_taps(layout, Ho, Wo):
+        return depthwise_row_taps(x, w, b, strides, pads, dilations, O, epilogue, memo)
+    return depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue, memo)
 
 
 @functools.lru_cache(maxsize=128)
@@ -198,7 +267,7 @@ def _tap_layout(H, W, kh, kw, strides, pads, dilations, O):
     return Hq, Wq, regions, copies
 
 
-def depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue=None):
+def depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
     """Depthwise 2-D convolution as one (multiplier x taps) @ (taps x pixels) product per
     channel, every image in the same product.
 
@@ -247,11 +316,8 @@ def depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue=None):
                     (N, C, sh, sw, Hq + 1, Wq), dtype)
     copy_regions(x, sh, sw, regions, z)
     zs = z.strides
-    wv = w.reshape(C, m, T)
-    if b is not None:
-        wv = np.concatenate([wv, b.reshape(C, m, 1).astype(dtype, copy=False)], axis=2)
-    threads = 2 if N * M * Ho * Wo >= tuning.value("depthwise.thread_items") else 1
-    cb = max(1, min(-(-C // threads), tuning.value("depthwise.taps_block_bytes") // (Tc * L * item)))
+    wv = derived(memo, ("taps", dtype.str), w, b, lambda w, b: _taps_weights(w, b, dtype, False)).reshape(C, m, Tc)
+    threads, cb = _blocking(N * M * Ho * Wo, C, Tc * L * item)
     y = output_array((N, C, m, Ho, Wo), dtype)
 
     def block(c0, c1):
@@ -273,9 +339,162 @@ def depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue=None):
         else:
             epilogue(src, y[:, c0:c1])
 
-    if threads == 1:  # host_blocks costs ~10 us even on one thread
+    _channel_blocks(C, cb, threads, block)
+    return y.reshape(N, M, Ho, Wo)
+
+
+def _blocking(outputs, C, channel_bytes):
+    """(threads, channels per block): a second thread from depthwise.thread_items output
+    elements on, blocks of depthwise.taps_block_bytes of taps (channel_bytes each)."""
+    threads = 2 if outputs >= tuning.value("depthwise.thread_items") else 1
+    return threads, max(1, min(-(-C // threads), tuning.value("depthwise.taps_block_bytes") // channel_bytes))
+
+
+def _taps_weights(w, b, dtype, columns_first):
+    """The tap products' (channel, multiplier, taps + bias) weights: the taps in W's order
+    (kernel row, kernel column), or with columns_first in (kernel column, kernel row)
+    order; the bias last."""
+    M, _, kh, kw = w.shape
+    wv = np.empty((M, kh * kw + (b is not None)), dtype)
+    taps = w.reshape(M, kh, kw).transpose(0, 2, 1) if columns_first else w.reshape(M, kh, kw)
+    wv[:, :kh * kw].reshape(taps.shape)[...] = taps
+    if b is not None:
+        wv[:, -1] = b
+    return wv
+
+
+def _channel_blocks(C, cb, threads, block) -> None:
+    """block(c0, c1) for the channel blocks [c0, c1) of cb channels, on the host threads
+    when threads > 1 (host_blocks costs ~10 us even on one thread)."""
+    if threads == 1:
         for c0 in range(0, C, cb):
             block(c0, min(C, c0 + cb))
     else:
         host_blocks(C, cb, block, threads=threads)
+
+
+class _RowLayout:
+    """depthwise_row_taps' geometry for one shape (see row_layout)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+@functools.lru_cache(maxsize=128)
+def row_layout(N, C, item, H, W, kh, kw, strides, pads, dilations, O):
+    """The geometry of depthwise_row_taps, or None where it does not apply.
+
+    The input is split into phase images (row phase, column phase) Hq rows by Wo columns:
+    column u of column phase r holds x's column u*sw + r (zero past x), the rows are
+    padded as the pads say.  Kernel column j reads x's column ow*sw + j*dw - pl, i.e.
+    column ow + q of phase r (q, r = divmod(j*dw - pl, sw)), so a tap's window is one
+    run of Ho * Wo elements of its phase image -- except where ow + q falls outside
+    [0, Wo): there the run has wrapped into the row above or below ("wraps", zeroed in
+    the taps afterwards).  That is right only where the reference reads padding: always
+    left of column 0; right of the last column only when Wo*sw + r >= W (every
+    "same"-padded convolution), else None.  Fields: Hq, regions (the phase images'
+    data, _conv_host.phase_regions), size and lead (the scratch's elements, and the
+    slack before the first phase image for wrapped reads), copies (per pair of row and
+    column tap groups: byte offset, strides of the (channel, kernel column, kernel row,
+    image, pixel) view, kernel column and row slices), wraps ((kernel column, output
+    column) pairs to zero)."""
+    (sh, sw), (dh, dw), (Ho, Wo) = strides, dilations, O
+    pt, pl = pads
+    if pl < 0 or pt < 0:
+        return None
+    rows = tap_groups(kh, sh, dh)
+    cols = []  # tap_groups' column groups, phase and offsets relative to x's columns
+    for r, j0, jstep, nj, q0, qs in tap_groups(kw, sw, dw):
+        cols.append(((r - pl) % sw, j0, jstep, nj, q0 + (r - pl) // sw, qs))
+    wraps = []
+    for j in range(kw):
+        q, r = divmod(j * dw - pl, sw)
+        if q > 0 and Wo * sw + r < W:
+            return None  # a wrapped read would stand for data
+        wraps += [(j, o) for o in (range(min(Wo, -q)) if q < 0 else range(max(0, Wo - q), Wo))]
+    Hq = Ho + max(g[4] + (g[3] - 1) * g[5] for g in rows)
+    offsets = [c[4] + t * c[5] for c in cols for t in range(c[3])]
+    lead = max(0, -min(offsets))
+    zs = [item * v for v in (C * sh * sw * Hq * Wo, sh * sw * Hq * Wo, sw * Hq * Wo, Hq * Wo)]
+    copies = tuple(
+        ((lead + qh * Wo + qw) * item + rh * zs[2] + rw * zs[3],
+         (zs[1], qws * item, qhs * Wo * item, zs[0], item),
+         slice(j0, j0 + (nj - 1) * jstep + 1, jstep), slice(i0, i0 + (ni - 1) * istep + 1, istep))
+        for rh, i0, istep, ni, qh, qhs in rows for rw, j0, jstep, nj, qw, qws in cols)
+    return _RowLayout(
+        Hq=Hq, regions=tuple(phase_regions(H, W, sh, sw, pt, 0, Hq, Wo)), lead=lead,
+        size=lead + N * C * sh * sw * Hq * Wo + max(0, max(offsets)) + Wo, copies=copies, wraps=tuple(wraps))
+
+
+def use_row_taps(layout, Ho, Wo) -> bool:
+    """Whether depthwise_row_taps beats depthwise_tap_products: it saves the row-by-row
+    copies into and out of the scratch, but each wrapped output column costs a strided
+    pass over the taps (a cache line per element), so kernels at most 3 wide, on outputs
+    of 12x12 to 23x23 pixels.  Measured on a 2-core host shared with other jobs (1
+    thread, float32): alone (CPU time, with bias) 2x96x12x12 3x3 148 -> 130 us,
+    2x48x16x16 115 -> 101, 2x72x24x24 stride 2 193 -> 191; inside the models (each call
+    timed in place, the fastest of 40 runs, old and new alternating) mobilenet_v2's
+    2x96x12x12 176 -> 163 and 168 -> 152 us, mobilenet_v3's 2x88x12x12 180 -> 165,
+    2x72x24x24 stride 2 256 -> 247, mobilevit's 2x32x32x32 stride 2 266 -> 250.  Not
+    larger outputs: 5-15% faster alone, but inside the models as fast or slower
+    (efficientnet's 2x72x24x24 629 -> 648, mobilevit's 2x32x32x32 586 -> 608); nor 5x5
+    kernels (4 wrapped columns: 2x120x12x12 351 -> 361 alone) or 6x6 outputs (2x96x12x12
+    stride 2 103 -> 116)."""
+    return len(layout.wraps) <= 2 and 144 <= Ho * Wo < 576
+
+
+def depthwise_row_taps(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
+    """Depthwise 2-D convolution as one (multiplier x taps) @ (taps x pixels) product per
+    channel, like depthwise_tap_products, over phase images as wide as the output
+    (row_layout; the caller checks it applies): the input's copy into the kept
+    zero-bordered scratch, every tap's window and the copy into Y are whole planes (one
+    run each, where the padding columns of depthwise_tap_products make them runs of a
+    row: NumPy copies rows of 6-24 elements at ~10 ns a row).  The taps' reads that
+    wrapped around a row are zeroed in the tap matrix (one strided pass per wrapped
+    output column: the reference reads padding there, so an infinite input stays
+    where the reference has it).  Taps in (kernel column, kernel row) order, so that a
+    wrapped column's entries of every kernel row and image are one strided run per
+    channel.  The bias rides in the product (a row of ones), the copy into Y applies
+    the epilogue."""
+    N, C, H, W = x.shape
+    M, _, kh, kw = w.shape
+    m = M // C
+    (sh, sw), (Ho, Wo) = strides, O
+    dtype = x.dtype
+    item = dtype.itemsize
+    lay = row_layout(N, C, item, H, W, kh, kw, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))
+    P = Ho * Wo
+    L = N * P
+    T = kh * kw
+    Tc = T + (b is not None)
+    z = kept_planes(("depthwise_rows", dtype.str, N, C, H, W, kh, kw, sh, sw, lay.Hq, pads[0], pads[1]),
+                    (lay.size,), dtype)
+    copy_regions(x, sh, sw, lay.regions, z[lay.lead:lay.lead + N * C * sh * sw * lay.Hq * Wo]
+                 .reshape(N, C, sh, sw, lay.Hq, Wo))
+    wv = derived(memo, ("rows", dtype.str), w, b, lambda w, b: _taps_weights(w, b, dtype, True)).reshape(C, m, Tc)
+    threads, cb = _blocking(N * M * P, C, Tc * L * item)
+    y = output_array((N, C, m, Ho, Wo), dtype)
+
+    def block(c0, c1):
+        k = c1 - c0
+        flat = _scratch(k * (Tc + m) * L, dtype)
+        taps = flat[:k * Tc * L].reshape(k, Tc, L)
+        t5 = taps[:, :T].reshape(k, kw, kh, N, P)
+        for offset, view_strides, js, is_ in lay.copies:
+            dst = t5[:, js, is_]
+            dst[...] = np.ndarray(dst.shape, dtype, z, offset + c0 * view_strides[0], view_strides)
+        t6 = t5.reshape(k, kw, kh, N, Ho, Wo)
+        for j, o in lay.wraps:
+            t6[:, j, :, :, :, o] = 0
+        if Tc > T:
+            taps[:, T] = 1
+        acc = flat[k * Tc * L:].reshape(k, m, L)
+        np.matmul(wv[c0:c1], taps, out=acc)
+        src = acc.reshape(k, m, N, Ho, Wo).transpose(2, 0, 1, 3, 4)
+        if epilogue is None:
+            y[:, c0:c1] = src
+        else:
+            epilogue(src, y[:, c0:c1])
+
+    _channel_blocks(C, cb, threads, block)
     return y.reshape(N, M, Ho, Wo)

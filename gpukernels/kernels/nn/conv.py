@@ -58,10 +58,10 @@ def conv_function(xp, x, w, strides, pads, dilations, group, out_shape=None, ker
     and the specialisation are chosen here, from shapes, dtypes and attributes only).
     epilogue: None, or an activation fused into the convolution, epilogue(src, out)
     writing act(src) into out with xp's ufuncs (out may be src); the host paths apply
-    it where they write their output, the others to the finished result.  The group-1
-    host paths (Conv.pointwise, Conv.dense) get a ConstantMemo of their own (the last
-    argument): what they derive from constant weights and bias is kept with the
-    function."""
+    it where they write their output, the others to the finished result.  The host
+    paths (Conv.pointwise, Conv.dense, Conv.depthwise) get a ConstantMemo of their own
+    (the last argument): what they derive from constant weights and bias is kept with
+    the function."""
     n_sp = x.ndim - 2
     N, C = x.shape[:2]
     M = w.shape[0]
@@ -99,7 +99,8 @@ def conv_function(xp, x, w, strides, pads, dilations, group, out_shape=None, ker
     if group == C and w.shape[1] == 1 and group > 1:
         fast = kernel.specialized("Conv.depthwise", x, w) if kernel is not None else None
         if fast is not None:
-            return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O, epilogue)
+            memo = host.ConstantMemo()
+            return lambda x, w, b=None: fast(x, w, b, strides, pads, dilations, O, epilogue, memo)
         return with_epilogue(lambda x, w, b: _depthwise(xp, x, w, b, strides, pads, dilations, O))
     if all(k == 1 for k in K) and not any(pads):
         fast = kernel.specialized("Conv.pointwise", x, w, group) if kernel is not None else None
@@ -278,7 +279,7 @@ def _on_host_threads(starts, run_block, per_block):
 
 @specialize("Conv.depthwise", device="cpu", ops=("Conv", "ConvInteger"), when=lambda x, w: x.ndim != 4,
             agreement="exact: the reference's channel blocks, spread over the host threads")
-def _depthwise_nd_host(x, w, b, strides, pads, dilations, O, epilogue=None):
+def _depthwise_nd_host(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
     return host.finish(_depthwise(np, x, w, b, strides, pads, dilations, O, _on_host_threads), epilogue)
 
 
@@ -288,8 +289,8 @@ def _depthwise_nd_host(x, w, b, strides, pads, dilations, O, epilogue=None):
                       "(outputs x inputs) products for planes no larger than the kernel, or "
                       "channels-last tap products summed by add.reduce (the bias last) "
                       "sum the taps in another order")
-def _depthwise_2d_host(x, w, b, strides, pads, dilations, O, epilogue=None):
-    return depthwise_host.depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue)
+def _depthwise_2d_host(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
+    return depthwise_host.depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue, memo)
 
 
 @specialize("Conv.pointwise", device="cpu", ops=("Conv", "ConvInteger"),
