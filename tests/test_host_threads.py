@@ -19,6 +19,37 @@ def test_ranges_cover_everything_once(monkeypatch):
     assert (seen == 1).all()
 
 
+@pytest.mark.parametrize("n,step,least,workers,blocks", [
+    (131072, 131072, 65536, 2, 2),     # one block's worth: halved, one per thread
+    (262145, 131072, 65536, 2, 4),     # just over two blocks: four equal blocks
+    (1210368, 131072, 65536, 2, 10),   # many blocks: an equal number per thread
+    (100000, 131072, 65536, 1, 1),     # too little for two threads: one block
+    (0, 131072, 65536, 1, 0),
+])
+def test_blocks_with_a_least_share_per_thread(monkeypatch, n, step, least, workers, blocks):
+    """host_blocks(min_per_thread=): every item once, no block longer than step, as many
+    threads as get the least share, the same number of blocks for each."""
+    import threading
+
+    monkeypatch.setenv("GPUKERNELS_CPU_THREADS", "2")
+    seen = np.zeros(n, np.int64)
+    sizes, threads = [], set()
+    lock = threading.Lock()
+
+    def fn(lo, hi):
+        with lock:
+            seen[lo:hi] += 1
+            sizes.append(hi - lo)
+            threads.add(threading.get_ident())
+
+    host.host_blocks(n, step, fn, min_per_thread=least)
+    assert (seen == 1).all()
+    assert len(sizes) == blocks and all(size <= step for size in sizes)
+    assert len(threads) <= workers
+    if blocks:
+        assert max(sizes) - min(sizes) <= max(sizes) // 2 or blocks == 1
+
+
 def test_small_work_stays_in_the_calling_thread(monkeypatch):
     import threading
 

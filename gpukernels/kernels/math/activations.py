@@ -203,7 +203,7 @@ def _logistic_pass_host_blocked(flat, chain, needs_scratch, params):
         with np.errstate(all="ignore"):
             chain(np, flat[lo:hi], out[lo:hi], scratch, **params)
 
-    host_blocks(flat.size, block, one)
+    host_blocks(flat.size, block, one, min_per_thread=tuning.value("elementwise.thread_min_elems"))
     return out
 
 
@@ -356,7 +356,7 @@ def _gelu_erf_f32_host_blocked(flat, pc, qc):
         _gelu_block(np, flat[lo:hi], out[lo:hi], zq[0, :hi - lo], zq[1, :hi - lo], pc, qc)
 
     with np.errstate(over="ignore", invalid="ignore"):
-        host_blocks(n, block, one)
+        host_blocks(n, block, one, min_per_thread=tuning.value("elementwise.thread_min_elems"))
     return out
 
 

@@ -147,7 +147,8 @@ class Epilogue:
             for lo in range(0, src.size, block):
                 one(lo, min(src.size, lo + block))
         else:
-            host_blocks(src.size, block, one)  # the threads take the caller's error state
+            # the threads take the caller's error state
+            host_blocks(src.size, block, one, min_per_thread=tuning.value("elementwise.thread_min_elems"))
 
 
 def _flat(a):
