@@ -346,6 +346,22 @@ def _reduce(axes_input_since: int):
     return cases
 
 
+def _pow(rng, version, dt, n_inputs):
+    """The elementwise operands, then one-element exponents: the product ones (0, 1, 2,
+    3, 4, -1, 0.5), another, an integer one and one of higher rank (broadcast)."""
+    x = _values(rng, (2, 3, 4), dt, special=True)
+    etype = x.dtype if version < 12 else np.float32  # T1 is T before opset 12 (no bfloat16 in T1 at 12-14)
+    cases = [([a, b.astype(etype)], attrs) for (a, b), attrs in _elementwise(rng, version, dt, 2)]
+    if version < 7:
+        return cases
+    floats = dtypes.info(dt).kind == "float"
+    exps = (2.0, 3.0, 4.0, 0.5, -1.0, 0.0, 1.0, 1.7) if floats else (2, 3, 0, 1)
+    cases += [([x, np.asarray(e).astype(etype)], {}) for e in exps]
+    if version >= 12:
+        cases += [([x, np.array([2], np.int64)], {}), ([x[0], np.full((1, 1, 1), 2.0)], {})]
+    return cases
+
+
 def _instance_norm(rng, version, dt, n_inputs):
     """Ranks 2 to 5 (rank 2 normalises single values), with and without an epsilon."""
     out = []
@@ -407,6 +423,33 @@ def _attention(rng, version, dt, n_inputs):
             ([q, k, v, _values(rng, (3, 6), dt), past_k, past_v], {})]
 
 
+# --- MaxPool / AveragePool (issue 15, session 8: geometry checked once per compiled node)
+
+
+def _pool(op):
+    """Windows with padding, strides (the resnet stem's k3 s2 p1), ceil_mode, dilations,
+    SAME padding, count_include_pad and a 1-D and 3-D input; NaN and infinities among
+    the values (max propagates NaN)."""
+    return lambda rng, version, dt, n_inputs: _pool_cases(op, rng, version, dt)
+
+
+def _pool_cases(op, rng, version, dt):
+    x2 = _values(rng, (2, 3, 9, 8), dt, special=True)
+    cases = [([x2], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+             ([x2], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+             ([x2], {"kernel_shape": [3, 2], "auto_pad": "SAME_UPPER", "strides": [2, 1]}),
+             ([x2], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+             ([_values(rng, (2, 2, 7), dt)], {"kernel_shape": [3], "strides": [2], "pads": [0, 1]}),
+             ([_values(rng, (1, 2, 4, 5, 6), dt)], {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]})]
+    if version >= 10:
+        cases.append(([x2], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}))
+    if version >= 11:
+        cases.append(([x2], {"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [2, 1], "pads": [1, 0, 2, 1]}))
+    if op == "AveragePool":
+        cases.append(([x2], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}))
+    return cases
+
+
 CASES = {
     "Attention": _attention,
     "QuantizeLinear": _quantize,
@@ -453,6 +496,9 @@ CASES = {
     "ReduceSum": _reduce(13),
     **{op: _reduce(18) for op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")},
+    "MaxPool": _pool("MaxPool"),
+    "AveragePool": _pool("AveragePool"),
+    "Pow": _pow,
 }
 
 

@@ -3,7 +3,10 @@ specialisation "Pool.windows" of pool.pool_reduce: one axis at a time, each kern
 applied directly at the output positions through strided views (k - 1 ufunc passes over
 the output size of the axis), so nothing is padded.  Output positions whose window
 reaches outside the input ("edges", a few per side) are recomputed from their valid taps
-afterwards.
+afterwards.  NumPy's per-call and per-inner-loop costs decide the layout: the blocks'
+leading axes are fused so that each tap is one long slice, a stride-2 non-last axis over
+short rows reduces every row (contiguous 1-D passes, _strided_dense), and a strided last
+axis is de-interleaved once so that its taps read contiguous data (_strided_flat).
 """
 
 from __future__ import annotations
@@ -63,32 +66,97 @@ def _strided_axis(op, a, axis, s, offsets, plan, fill, dst):
     return dst
 
 
-def _strided_last_flat(op, a, s, O, offsets, plan, fill, buf):
-    """_strided_axis along the last axis of the C-contiguous a (row length W, a multiple
-    of s) written into the flat buf with row length W // s (>= O); returns the (..., O)
-    view.  Output m of the flattened rows reads flat[s * m + offset]: each tap is one
-    long 1-D strided slice, which crosses into the neighbouring rows only at the edge
-    outputs (and at the columns >= O, left unused); the edges are recomputed."""
+def _phases(s, offsets) -> list:
+    """The residues mod s that the taps read (the de-interleaved columns needed)."""
+    return sorted({o % s for o in offsets})
+
+
+def _strided_flat(op, a, axis, s, O, offsets, plan, fill, buf, phase_buf=None):
+    """_strided_axis along axis of a (whose length S there is a multiple of s), written
+    into the flat buf as an array of a's shape with Q = S // s (>= O) at axis; returns
+    its view with O there.  With the axes before it fused into rows of the trailing
+    block, output row m reads input row s * m + offset: each tap is one 2-D slice (1-D
+    along the last axis) that crosses into the neighbouring rows only at the edge
+    outputs (and at the rows >= O, left unused), and the output is contiguous (NumPy
+    coalesces its loops); the edges are recomputed.  a must be C-contiguous, except
+    with phase_buf.
+
+    With phase_buf (the last axis, s > 1, several taps), the columns are first
+    de-interleaved by their residue mod s (one strided copy per residue read, into
+    phase_buf rows), so that each tap is a contiguous slice: flat[s * m + o] =
+    phase[o % s][m + o // s] (NumPy's strided inner loops are not vectorised).  The
+    same values in the same order: the same bits."""
     lo, hi, edges = plan
-    W = a.shape[-1]
-    Q = W // s
-    R = a.size // W
-    flat = a.reshape(-1)
+    S = a.shape[axis]
+    Q = S // s
+    inner = sp.prod(a.shape[axis + 1:])
+    R = a.size // (S * inner)
+    out = buf[:R * Q * inner].reshape((R * Q, inner) if inner > 1 else (-1,))
     if hi > lo:
         m1 = (R - 1) * Q + hi
-        views = [flat[s * lo + o:s * (m1 - 1) + o + 1:s] for o in offsets]
-        _reduce_views(op, views, buf[lo:m1])
-    res = buf[:R * Q].reshape(a.shape[:-1] + (Q,))[..., :O]
-    _fix_edges(op, a, res, a.ndim - 1, edges, fill)
+        if phase_buf is None:
+            rows = a.reshape((R * S, inner) if inner > 1 else (-1,))
+            views = [rows[s * lo + o:s * (m1 - 1) + o + 1:s] for o in offsets]
+        else:
+            phase = {}
+            for k, p in enumerate(_phases(s, offsets)):
+                phase[p] = phase_buf[k * R * Q:(k + 1) * R * Q]
+                np.copyto(phase[p].reshape(a.shape[:-1] + (Q,)), a[..., p::s])
+            views = [phase[o % s][lo + o // s:m1 + o // s] for o in offsets]
+        _reduce_views(op, views, out[lo:m1])
+    res = out.reshape(a.shape[:axis] + (Q,) + a.shape[axis + 1:])
+    if O != Q:
+        res = res[(slice(None),) * axis + (slice(0, O),)]
+    _fix_edges(op, a, res, axis, edges, fill)
     return res
 
 
+def _strided_dense(op, a, axis, s, O, offsets, plan, fill, buf):
+    """_strided_axis along a non-last axis of the C-contiguous a by windows at every
+    input row (stride 1) over the fused rows -- each tap one contiguous 1-D slice of
+    the whole block, s times the outputs but no per-row loop overhead (short rows cost
+    NumPy ~30 ns each) -- written into the flat buf (a's size); returns the strided
+    view of its rows s * j.  Windows crossing into neighbouring rows are the edge
+    outputs, recomputed as in _strided_flat."""
+    lo, hi, edges = plan
+    S = a.shape[axis]
+    inner = sp.prod(a.shape[axis + 1:])
+    R = a.size // (S * inner)
+    flat = a.reshape(-1)
+    full = buf[:a.size]
+    if hi > lo:
+        r0, r1 = s * lo, (R - 1) * S + s * (hi - 1) + 1  # the rows read as window starts
+        views = [flat[(r0 + o) * inner:(r1 + o) * inner] for o in offsets]
+        _reduce_views(op, views, full[r0 * inner:r1 * inner])
+    res = full.reshape(a.shape)[(slice(None),) * axis + (slice(0, s * (O - 1) + 1, s),)]
+    _fix_edges(op, a, res, axis, edges, fill)
+    return res
+
+
+def _dense(S, s, O, inner) -> bool:
+    """Whether a non-last axis takes _strided_dense: stride 2 over short rows (it reads
+    each row twice as often; measured faster for rows up to some hundreds of items),
+    every output's first row s * j inside the input."""
+    return s == 2 and inner <= 512 and s * (O - 1) < S
+
+
+_PLANS: dict = {}  # (spatial shape, geometry) -> _plans' result; a few entries per model
+
+
 def _plans(x2, geo):
-    """(tap offsets, _axis_plan) of every spatial axis."""
-    n_sp = x2.ndim - 1
+    """(tap offsets, _axis_plan) of every spatial axis (computed once per shape and
+    geometry: some 10 us a call otherwise; callers do not modify them)."""
     S = x2.shape[1:]
-    offsets = [[t * geo.dilations[d] - geo.pads[d] for t in range(geo.kernel[d])] for d in range(n_sp)]
-    return offsets, [_axis_plan(S[d], geo.out[d], geo.strides[d], offsets[d]) for d in range(n_sp)]
+    key = (S, *map(tuple, geo))
+    got = _PLANS.get(key)
+    if got is None:
+        n_sp = len(S)
+        offsets = [[t * geo.dilations[d] - geo.pads[d] for t in range(geo.kernel[d])] for d in range(n_sp)]
+        got = offsets, [_axis_plan(S[d], geo.out[d], geo.strides[d], offsets[d]) for d in range(n_sp)]
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        _PLANS[key] = got
+    return got
 
 
 def covers(x2, geo, kind) -> bool:
@@ -123,39 +191,48 @@ def pool_strided(x2, geo, op, fill):
     per = max(1, sp.prod(S) * dtype.itemsize)
     step = min(NC, max(1, tuning.value("pool.host_block_bytes") // per))
     order = sorted(range(n_sp - 1), key=lambda d: O[d] / max(1, S[d])) + [n_sp - 1]
+    # axes taken by _strided_flat (given a contiguous block), with Q = S // s outputs
+    flat = [S[d] % geo.strides[d] == 0 and O[d] <= S[d] // geo.strides[d] for d in range(n_sp)]
     s_last = geo.strides[-1]
-    flat_last = S[-1] % s_last == 0 and O[-1] <= S[-1] // s_last
-    # block shapes after each stage (per NC item)
-    shapes = []
+    # block shapes after each stage (per NC item); the flat buffers hold Q at the axis
+    shapes, sizes, dense = [], [], []
     shape = list(S)
-    for d in order:
+    for k, d in enumerate(order):
+        full = sp.prod(shape)
+        dense.append(k < n_sp - 1 and _dense(S[d], geo.strides[d], O[d], sp.prod(shape[d + 1:])))
         shape[d] = O[d]
         shapes.append(tuple(shape))
-    last_q = list(shapes[-1])
-    last_q[-1] = S[-1] // s_last
+        sizes.append(full if dense[k] else
+                     sp.prod(shape) // O[d] * (S[d] // geo.strides[d]) if flat[d] else sp.prod(shape))
+    last = order[-1]
+    last_flat_buf = flat[last] and O[last] != S[last] // s_last  # else written into out directly
+    n_phases = len(_phases(s_last, offsets[last])) if flat[last] and s_last > 1 and len(offsets[last]) > 1 else 0
 
     def run(lo, hi):
         # scratch buffers per thread, reused by each of its blocks
-        bufs = [host_empty(step * sp.prod(sh), dtype, pooled) for sh in shapes[:-1]]
-        last_buf = None
-        if flat_last and O[-1] != last_q[-1]:
-            last_buf = host_empty(step * sp.prod(last_q), dtype, pooled)
+        bufs = [host_empty(step * n, dtype, pooled) for n in sizes[:-1]]
+        last_buf = host_empty(step * sizes[-1], dtype, pooled) if last_flat_buf else None
+        phase_buf = host_empty(step * sizes[-1] * n_phases, dtype, pooled) if n_phases else None
         for a in range(lo, hi, step):
             b = min(hi, a + step)
             cur = x2[a:b]
             for k, d in enumerate(order):
+                args = (op, cur, d + 1, geo.strides[d], O[d], offsets[d], plans[d], fill)
                 if k < n_sp - 1:
-                    dst = bufs[k][:(b - a) * sp.prod(shapes[k])].reshape((b - a,) + shapes[k])
-                    cur = _strided_axis(op, cur, d + 1, geo.strides[d], offsets[d], plans[d], fill, dst)
-                elif flat_last:
-                    if not cur.flags.c_contiguous:
-                        cur = np.ascontiguousarray(cur)
-                    if last_buf is None:
-                        _strided_last_flat(op, cur, s_last, O[d], offsets[d], plans[d], fill,
-                                           out[a:b].reshape(-1))
+                    if dense[k] and cur.flags.c_contiguous:
+                        cur = _strided_dense(*args, bufs[k])
+                    elif flat[d] and cur.flags.c_contiguous:
+                        cur = _strided_flat(*args, bufs[k])
                     else:
-                        out[a:b] = _strided_last_flat(op, cur, s_last, O[d], offsets[d], plans[d],
-                                                      fill, last_buf)
+                        dst = bufs[k][:(b - a) * sp.prod(shapes[k])].reshape((b - a,) + shapes[k])
+                        cur = _strided_axis(op, cur, d + 1, geo.strides[d], offsets[d], plans[d], fill, dst)
+                elif flat[d]:
+                    if not (cur.flags.c_contiguous or n_phases):
+                        args = args[:1] + (np.ascontiguousarray(cur),) + args[2:]
+                    if last_buf is None:
+                        _strided_flat(*args, out[a:b].reshape(-1), phase_buf)
+                    else:
+                        out[a:b] = _strided_flat(*args, last_buf, phase_buf)
                 else:
                     _strided_axis(op, cur, d + 1, s_last, offsets[d], plans[d], fill, out[a:b])
 

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ...dtypes import DataType
+from ...errors import GpuKernelsError
 from ...host import tuning
 from ...limits import check_allocation
 from ...tensor import Tensor
@@ -257,6 +258,36 @@ def max_pool_with_indices(xp, x, geo, storage_order):
     return y.reshape((N, C) + O), idx.reshape((N, C) + O)
 
 
+def _pool_array_function(kernel, inputs, attrs, kind):
+    """Compiled graphs: Y of MaxPool (kind 'max') or AveragePool ('avg') of one natively
+    computed float input, the attributes checked and the geometry computed once for the
+    recorded shape (pool_geometry and the call's checks: some 20 us a node); the same
+    pool_reduce as the kernel.  None otherwise, or when the attributes are invalid (the
+    kernel then runs and raises).  An input of another shape raises, which sends the
+    node back to the kernel."""
+    from ..math.arith import native_compute
+
+    if len(inputs) != 1 or not native_compute(inputs) or inputs[0].array.dtype.kind != "f":
+        return None
+    if kind == "max" and attrs.get("storage_order", 0) not in (0, 1, None):
+        return None
+    x = inputs[0]
+    try:
+        geo = pool_geometry(kernel, x, attrs.get("kernel_shape"), attrs.get("strides"), attrs.get("pads"),
+                            attrs.get("auto_pad", "NOTSET"), attrs.get("dilations"), attrs.get("ceil_mode", 0) or 0)
+    except GpuKernelsError:
+        return None
+    include_pad = bool(attrs.get("count_include_pad", 0))
+    shape, op = x.shape, kernel.op_type
+
+    def pool(a):
+        if a.shape != shape:
+            raise ValueError(f"{op}: input shape {a.shape} is not the compiled {shape}")
+        return pool_reduce(kernel, a, geo, kind, include_pad=include_pad)
+
+    return pool
+
+
 # ------------------------------------------------------------------ kernels
 
 
@@ -271,6 +302,9 @@ class AveragePool(KernelBase):
         geo = pool_geometry(self, x, kernel_shape, strides, pads, auto_pad, dilations, ceil_mode)
         y = pool_reduce(self, self.to_compute(x), geo, "avg", include_pad=bool(count_include_pad))
         return self.from_compute(y, x.data_type)
+
+    def array_function(self, inputs, attrs):
+        return _pool_array_function(self, inputs, attrs, "avg")
 
 
 @register()
@@ -332,6 +366,11 @@ class MaxPool(KernelBase):
         if self.since_version < 8:
             return y
         return self.Result(y, None)
+
+    def array_function(self, inputs, attrs):
+        """Y only (a node that also outputs Indices gets a single array and runs the
+        kernel instead)."""
+        return _pool_array_function(self, inputs, attrs, "max")
 
 
 @register()
