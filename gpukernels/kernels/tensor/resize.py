@@ -10,7 +10,10 @@ result is not finite take the tap-by-tap result (gather, scale, add), so a NaN o
 only reaches the outputs whose taps read it.  Complex data and bands that do not pay go
 tap by tap.  Both sum the same products; they differ only in rounding order, and the
 choice depends on shapes only, so the host and a GPU run the same operations
-(``interpolate``).
+(``interpolate``).  Small trailing planes (real exports' 1x1 .. 4x4 maps upsampled) take
+one matmul against the Kronecker product of their axes' weights (``PlaneWeights``).
+Everything that depends on shapes and attributes only is planned once per call signature
+(``resize_plan``, cached), so a repeated call pays for the data passes only.
 
 Conventions (following the spec and the ONNX reference outputs):
 * The scale in the coordinate formulas is the given scale (scales input) or out/in (sizes
@@ -128,17 +131,17 @@ class AxisTaps:
     """The interpolation of one axis: tap indices (n_out, taps), clamped, and float64
     weights, with the tap columns whose weight is zero for every output dropped.  Built on
     the host; cached per axis geometry (see ``axis_taps``), so treat it as read-only; it
-    keeps the resize.band_block (outputs per block of the banded matmul, host/tuning.py)
-    it was built with."""
+    keeps band, the resize.band_block (outputs per block of the banded matmul,
+    host/tuning.py) it was built with."""
 
-    def __init__(self, idx: np.ndarray, w: np.ndarray, n_in: int, extra):
+    def __init__(self, idx: np.ndarray, w: np.ndarray, n_in: int, extra, band: int):
         nz = np.flatnonzero(np.any(w != 0, axis=0))
         j0, j1 = (int(nz[0]), int(nz[-1]) + 1) if nz.size else (0, 1)
         self.idx, self.w = idx[:, j0:j1], w[:, j0:j1]
         self.n_in = n_in
         self.n_out, self.taps = self.idx.shape
         self.extra = extra  # tf_crop_and_resize: outputs that get extrapolation_value
-        self.band = tuning.value("resize.band_block")
+        self.band = band
         self._cast = {}
 
     @functools.cached_property
@@ -162,6 +165,13 @@ class AxisTaps:
         np.add.at(dense, (blk[:, None], (o % B)[:, None], self.idx - lo[blk][:, None]), self.w)
         return [(int(o0), min(int(o0) + B, n_out), int(a), int(b), dense[k, :min(B, n_out - int(o0)), :b - a])
                 for k, (o0, a, b) in enumerate(zip(starts, lo, hi))]
+
+    @functools.cached_property
+    def dense(self) -> np.ndarray:
+        """The (n_out, n_in) float64 weight matrix (repeated clamped indices summed)."""
+        m = np.zeros((self.n_out, self.n_in))
+        np.add.at(m, (np.arange(self.n_out)[:, None], self.idx), self.w)
+        return m
 
     def cast(self, work):
         """(tap weight columns, banded blocks with their transposes) in dtype work."""
@@ -196,11 +206,17 @@ class AxisTaps:
         return c * 1.5 if last else c  # reading along the contiguous axis is slower
 
 
-@functools.lru_cache(maxsize=64)
 def axis_taps(coord, n_in, n_out, scale, width, roi, mode, antialias, cubic_a, exclude) -> AxisTaps:
+    """The cached AxisTaps of one axis geometry, for the current resize.band_block."""
+    return _axis_taps(coord, n_in, n_out, scale, width, roi, mode, antialias, cubic_a, exclude,
+                      tuning.value("resize.band_block"))
+
+
+@functools.lru_cache(maxsize=64)
+def _axis_taps(coord, n_in, n_out, scale, width, roi, mode, antialias, cubic_a, exclude, band) -> AxisTaps:
     src, extra = source_coords(coord, n_in, n_out, scale, width, roi)
     idx, w = tap_weights(src, n_in, mode, scale, antialias, cubic_a, exclude)
-    return AxisTaps(idx, w, n_in, extra if extra is not None and extra.any() else None)
+    return AxisTaps(idx, w, n_in, extra if extra is not None and extra.any() else None, band)
 
 
 def _split(arr, axis: int):
@@ -228,26 +244,31 @@ def apply_band(xp, arr, axis: int, taps: AxisTaps, work):
     return out.reshape(arr.shape[:axis] + (taps.n_out,) + arr.shape[axis + 1:])
 
 
-def interpolate(xp, arr, plans: dict, work, wait: bool):
+def interpolate(xp, arr, plans: dict, work, wait: bool, order=None):
     """Every planned axis of arr (the reference, both devices), in the order of least
-    work.  Real data through BLAS (banded blocks, ``apply_band``) where that pays (the
-    band's zeros cost little and resize.band_min_rows interpolated rows or more,
-    host/tuning.py), else tap by tap (``apply_taps``).
+    work (``order``, else ``axis_order``).  Real data through BLAS (banded blocks,
+    ``apply_band``) where that pays (the band's zeros cost little and
+    resize.band_min_rows interpolated rows or more, host/tuning.py), else tap by tap
+    (``apply_taps``).
 
     Where the spec leaves the arithmetic open we chose BLAS, which is fast on the host;
     every step depends on the shapes only, so the host and a GPU run the same operations
     (bit for bit on NumPy, as the CuPy simulation runs them).  A non-finite value stays
     local: outputs whose band result is not finite take the tap result (only the taps'
     own inputs reach it).  wait (the host) first checks whether any band output is
-    non-finite (``_band_stays_finite``, on the input) and skips the taps when none can
-    be; a GPU never waits: it always computes both and selects."""
+    non-finite (``_band_stays_finite``, on the input of all axes, else of each) and skips
+    the taps when none can be; a GPU never waits: it always computes both and selects."""
     min_rows = tuning.value("resize.band_min_rows")
+    # one check of the input can cover every axis: its bound is over the product of
+    # their weight sums, and the check's factor 2 covers the intermediate roundings
+    finite = wait and arr.dtype.kind == "f" and _band_stays_finite(
+        xp, arr, math.prod(t.abs_weight_sum for t in plans.values()))
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite data: see above
-        for a in axis_order(arr.shape, plans, True):
+        for a in (axis_order(arr.shape, plans, True) if order is None else order):
             lead_trail = arr.size // max(arr.shape[a], 1)
             if arr.dtype.kind == "f" and plans[a].band_pays and lead_trail >= min_rows:
                 band = apply_band(xp, arr, a, plans[a], work)
-                if not (wait and _band_stays_finite(xp, arr, plans[a])):
+                if not (finite or (wait and _band_stays_finite(xp, arr, plans[a].abs_weight_sum))):
                     band = xp.where(xp.isfinite(band), band, apply_taps(xp, arr, a, plans[a], work))
                 arr = band
             else:
@@ -273,15 +294,15 @@ def apply_taps(xp, arr, axis: int, taps: AxisTaps, work):
     return out.reshape(arr.shape[:axis] + (taps.n_out,) + arr.shape[axis + 1:])
 
 
-def _band_stays_finite(xp, arr, taps: AxisTaps) -> bool:
+def _band_stays_finite(xp, arr, abs_weight_sum: float) -> bool:
     """True when no band output of arr can be non-finite: every input is finite and at
-    most max|float| / (2 * the largest sum of |weights| of an output), so that no
-    product or partial sum overflows (NaN fails the comparisons too).  Two reductions of
-    the input, read back (the host)."""
+    most max|float| / (2 * abs_weight_sum, the largest sum of |weights| of an output),
+    so that no product or partial sum overflows (NaN fails the comparisons too).  Two
+    reductions of the input, read back (the host)."""
     if arr.size == 0:
         return True
-    bound = float(np.finfo(arr.dtype).max) / (2.0 * taps.abs_weight_sum)
-    return bool(xp.max(arr) <= bound) and bool(xp.min(arr) >= -bound)
+    bound = float(np.finfo(arr.dtype).max) / (2.0 * abs_weight_sum)
+    return bool(arr.max() <= bound) and bool(arr.min() >= -bound)
 
 
 def axis_order(shape, plans: dict, band: bool) -> list:
@@ -298,6 +319,125 @@ def axis_order(shape, plans: dict, band: bool) -> list:
         if best_cost is None or total < best_cost:
             best, best_cost = list(order), total
     return best
+
+
+# Trailing interpolated axes whose input planes have at most this many elements go through
+# one matmul against the Kronecker product of their weights (PlaneWeights): for the small
+# maps of real exports (1x1 .. 4x4 upsampled), one BLAS call instead of one per axis.
+_PLANE_MAX_IN = 16
+_PLANE_MAX_ELEMENTS = 1 << 16  # elements of that matrix (cached with its plan)
+
+
+class PlaneWeights:
+    """The interpolation of the trailing axes [first, ndim) at once: the dense
+    (prod n_in, prod n_out) matrix kron(A_first, ..., A_last)^T of the axes' float64
+    weights, rounded once to the work type (the axis-by-axis path rounds after each
+    axis; the spec leaves the arithmetic open).  Read-only; cached with its plan."""
+
+    def __init__(self, first: int, taps: list):
+        m = np.ones((1, 1))
+        for t in taps:
+            m = np.kron(m, t.dense)
+        self.first = first
+        self.taps = taps
+        self.matrix = np.ascontiguousarray(m.T)
+        self.out_plane = tuple(t.n_out for t in taps)
+        self.abs_weight_sum = math.prod(t.abs_weight_sum for t in taps)
+        self._cast = {}
+
+    def cast(self, work) -> np.ndarray:
+        key = np.dtype(work)
+        if key not in self._cast:
+            self._cast[key] = self.matrix.astype(work)
+        return self._cast[key]
+
+    def apply(self, xp, arr, work, wait: bool):
+        """arr interpolated on the trailing axes: (planes, n_in) @ matrix, or a product
+        per output for one-element planes (the same rounding as that matmul).  Outputs
+        whose result is not finite take the axis-by-axis taps (see ``interpolate``)."""
+        lead = arr.shape[:self.first]
+        src = arr.reshape(product(lead), self.matrix.shape[0])
+        mt = xp.asarray(self.cast(work))
+        with np.errstate(invalid="ignore", over="ignore"):
+            out = xp.multiply(src, mt) if mt.shape[0] == 1 else xp.matmul(src, mt)
+            out = out.reshape(lead + self.out_plane)
+            if not (wait and _band_stays_finite(xp, arr, self.abs_weight_sum)):
+                taps = arr
+                for a, t in enumerate(self.taps, self.first):
+                    taps = apply_taps(xp, taps, a, t, work)
+                out = xp.where(xp.isfinite(out), out, taps)
+        return out
+
+
+class ResizePlan:
+    """Everything of one resize that depends on shapes and attributes only (built on the
+    host, cached by ``resize_plan``; read-only): the nearest index maps (a gather per
+    axis; for an integer repeat that measured faster here than a broadcast copy); the
+    interpolated axes, their order, and the whole-plane weights where they pay; the
+    tf_crop_and_resize mask."""
+
+    def __init__(self, shape, out_shape, scales, axes, mode, coord, nearest_mode, cubic_a, exclude,
+                 antialias, roi, out_widths):
+        self.out_shape = tuple(out_shape)
+        self.empty = False
+        self.takes, self.plans, masks = [], {}, []
+        for k, a in enumerate(axes):
+            n_in, n_out = shape[a], out_shape[a]
+            if n_out == n_in and scales[k] == 1.0 and coord != "tf_crop_and_resize":  # identity
+                continue
+            if n_in == 0 or n_out == 0:
+                self.empty = True  # the output has no elements
+                continue
+            width = out_widths[k] if out_widths is not None else scales[k] * n_in
+            r = roi[k] if roi is not None else (0.0, 1.0)
+            if mode == "nearest":
+                src, extra = source_coords(coord, n_in, n_out, scales[k], width, r)
+                self.takes.append((a, nearest_index(src, n_in, nearest_mode)))
+            else:
+                self.plans[a] = axis_taps(coord, n_in, n_out, float(scales[k]), float(width), tuple(map(float, r)),
+                                          mode, antialias, cubic_a, exclude)
+                extra = self.plans[a].extra
+            if extra is not None and extra.any():
+                masks.append(extra.reshape((1,) * a + (extra.size,) + (1,) * (len(shape) - a - 1)))
+        self.mask = functools.reduce(np.logical_or, masks) if masks else None
+        self.order = axis_order(shape, self.plans, True) if self.plans else []
+        self.plane = self._plane(shape)
+
+    def _plane(self, shape):
+        """PlaneWeights when the interpolated axes are the trailing ones and their input
+        planes small (_PLANE_MAX_IN), else None."""
+        if not self.plans:
+            return None
+        first = min(self.plans)
+        if sorted(self.plans) != list(range(first, len(shape))):
+            return None
+        n_in = product(shape[first:])
+        if n_in > _PLANE_MAX_IN or n_in * product(self.out_shape[first:]) > _PLANE_MAX_ELEMENTS:
+            return None
+        return PlaneWeights(first, [self.plans[a] for a in range(first, len(shape))])
+
+    def run(self, xp, arr, work, wait: bool):
+        """arr resized (before the tf_crop_and_resize mask and the output cast)."""
+        if self.empty:
+            return xp.zeros(self.out_shape, dtype=arr.dtype)
+        for a, idx in self.takes:
+            arr = xp.take(arr, xp.asarray(idx), axis=a)
+        if not self.plans:
+            return arr
+        plane = self.plane
+        if (plane is not None and arr.dtype.kind == "f"
+                and product(arr.shape[:plane.first]) >= tuning.value("resize.band_min_rows")):
+            return plane.apply(xp, arr, work, wait)
+        return interpolate(xp, arr, self.plans, work, wait, self.order)
+
+
+@functools.lru_cache(maxsize=64)
+def resize_plan(shape, out_shape, scales, axes, mode, coord, nearest_mode, cubic_a, exclude, antialias, roi,
+                out_widths, band_block) -> ResizePlan:
+    """The cached ResizePlan (all arguments hashable; band_block: the tuning value the
+    axes' AxisTaps are built with, so that an override makes a new plan)."""
+    return ResizePlan(shape, out_shape, scales, axes, mode, coord, nearest_mode, cubic_a, exclude, antialias,
+                      roi, out_widths)
 
 
 class _ResizeCore(KernelBase):
@@ -321,42 +461,19 @@ class _ResizeCore(KernelBase):
         check_allocation(self, out_shape, max(x.array.dtype.itemsize, arr.dtype.itemsize))
         work = np.float64 if arr.dtype in (np.float64, np.complex128) or info.kind in ("int", "uint") \
             else np.float32
-        extra_masks = []
-        plans = {}
-        for k, a in enumerate(axes):
-            n_in, n_out = x.shape[a], out_shape[a]
-            if n_out == n_in and scales[k] == 1.0 and coord != "tf_crop_and_resize":  # identity
-                continue
-            width = out_widths[k] if out_widths is not None else scales[k] * n_in
-            r = roi[k] if roi is not None else (0.0, 1.0)
-            if n_in == 0 or n_out == 0:
-                shape = list(arr.shape)
-                shape[a] = n_out
-                arr = xp.zeros(shape, dtype=arr.dtype)
-                continue
-            if mode == "nearest":
-                src, extra = source_coords(coord, n_in, n_out, scales[k], width, r)
-                if extra is not None and extra.any():
-                    extra_masks.append((a, extra))
-                arr = xp.take(arr, xp.asarray(nearest_index(src, n_in, nearest_mode)), axis=a)
-                continue
-            plans[a] = axis_taps(coord, n_in, n_out, float(scales[k]), float(width), tuple(map(float, r)), mode,
-                                 bool(antialias), float(cubic_coeff_a), bool(exclude_outside))
-            if plans[a].extra is not None:
-                extra_masks.append((a, plans[a].extra))
-        if plans:
-            arr = interpolate(xp, arr, plans, work, wait=not self.on_gpu)
-        if extra_masks:
-            mask = None
-            for a, e in extra_masks:
-                m = xp.asarray(e.reshape((1,) * a + (e.size,) + (1,) * (arr.ndim - a - 1)))
-                mask = m if mask is None else (mask | m)
+        # the callers pass Python ints and floats (an int equal to a float is the same key)
+        plan = resize_plan(tuple(x.shape), tuple(out_shape), tuple(scales), tuple(axes), mode, coord, nearest_mode,
+                           float(cubic_coeff_a), bool(exclude_outside), bool(antialias),
+                           None if roi is None else tuple(roi), None if out_widths is None else tuple(out_widths),
+                           tuning.value("resize.band_block"))
+        arr = plan.run(xp, arr, work, wait=not self.on_gpu)
+        if plan.mask is not None:
             fill = float(extrapolation_value)
             if mode == "nearest":
                 from .cast import cast_tensor
 
                 fill = xp.asarray(cast_tensor(self, Tensor(np.array(fill)), x.data_type).array.reshape(()))
-            arr = xp.where(mask, fill, arr).astype(arr.dtype)
+            arr = xp.where(xp.asarray(plan.mask), fill, arr).astype(arr.dtype)
         if mode == "nearest":
             return Tensor.wrap(arr if arr is not x.array else arr.copy(), x.data_type)
         if info.kind in ("int", "uint"):
