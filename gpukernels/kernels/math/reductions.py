@@ -68,8 +68,8 @@ class _Reduce(KernelBase):
         return apply
 
     def _host_sum_function(self, x: Tensor, red, keepdims, apply):
-        """Compiled graphs, float Sum/Mean over trailing axes on the host (where _step
-        would take _reduce_rows_host's one add.reduce): each call straight to that step on
+        """Compiled graphs, float Sum/Mean/Max/Min over trailing axes on the host (where
+        _step would take _reduce_rows_host's _trailing_rows_step): each call straight to that step on
         the data, without _step's per-call Tensor wrapping and np.errstate (the runtime
         runs array functions under its own error guard: a floating-point event sends the
         node back to the kernel); data of another type or layout goes through apply."""
@@ -79,22 +79,22 @@ class _Reduce(KernelBase):
         # the step's choice for a C-contiguous array of x's type and rank (the recorded
         # x may be a stand-in of another layout): None on the reference path or a GPU
         probe = np.empty((1,) * x.ndim, xc.dtype)
-        if self.specialized("Reduce.rows", self, probe, red, 1) is not _reduce_rows_host \
-                or not _trailing_sum(self, probe, red):
+        step = _trailing_rows_step(self, probe, red, x.shape)  # shapes are fixed here
+        if step is None or self.specialized("Reduce.rows", self, probe, red, 1) is not _reduce_rows_host:
             return apply
         lead, dtype, ndim = x.ndim - len(red), xc.dtype, x.ndim
         ones = (1,) * len(red) if keepdims else ()
-        mean = self.op_type == "ReduceMean"
+        any_layout = step in (_max_rows, _min_rows)
 
         def host_sum(data):
             shape = data.shape
             if data.__class__ is not np.ndarray or data.dtype != dtype or len(shape) != ndim \
-                    or not data.flags.c_contiguous:
+                    or not (any_layout or data.flags.c_contiguous):
                 return apply(data)
             n = math.prod(shape[lead:])
             if n == 0:
                 return apply(data)
-            return sum_rows(data.reshape(-1, n), n, mean).reshape(shape[:lead] + ones)
+            return step(data.reshape(-1, n), n).reshape(shape[:lead] + ones)
 
         return host_sum
 
@@ -320,6 +320,80 @@ def _trailing_sum(kernel, x, red) -> bool:
 FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _trailing_rows_step(kernel, x, red, shape=None):
+    """step(rows, count) -> the 1-D results of the rows of a 2-D array, for a float
+    Sum/Mean (sum_rows) over the trailing axes of a C-contiguous host array, or a float
+    Max/Min (extreme_rows) over the trailing axes of a host array of any layout (a
+    slice's view) and shape (default x's) that is small or has rows extreme_rows takes
+    column by column (large ones keep the threaded split); None for any other."""
+    if kernel.op_type in ("ReduceMax", "ReduceMin"):
+        shape = x.shape if shape is None else shape
+        if not (x.__class__ is np.ndarray and x.dtype in FLOAT_TYPES
+                and bool(red) and red[0] == x.ndim - len(red)):
+            return None
+        count, size = math.prod(shape[red[0]:]), math.prod(shape)
+        if size >= 2 * tuning.value("reduce.thread_items") and not 1 < count < _SHORT_ROW:
+            return None
+        return _max_rows if kernel.op_type == "ReduceMax" else _min_rows
+    if not _trailing_sum(kernel, x, red):
+        return None
+    return _mean_rows if kernel.op_type == "ReduceMean" else _sum_rows
+
+
+def _sum_rows(rows, count):
+    return sum_rows(rows, count, False)
+
+
+def _mean_rows(rows, count):
+    return sum_rows(rows, count, True)
+
+
+def extreme_rows(rows, ufunc):
+    """ufunc.reduce(rows, axis=1) for ufunc np.maximum or np.minimum (NumPy's max/min)
+    of a 2-D float array of any layout.  NumPy reduces short rows one by one (some 40 ns a
+    row here); rows of 2 to _SHORT_ROW - 1 elements, at least _COLUMN_ROWS per element,
+    go a column at a time (one ufunc call per column, left to right; 2x1008 rows of 8:
+    86 -> ~15 us).  Max and min of numbers do not depend on the order; signed zeros do,
+    and _extremes_agree checks them once per row length and type.  A NaN result (NumPy
+    returns its own quiet NaN, whatever the payload) redoes the rows by NumPy."""
+    n = rows.shape[1]
+    if not (1 < n < _SHORT_ROW and rows.shape[0] >= _COLUMN_ROWS * n
+            and _extremes_agree(n, rows.dtype, ufunc)):
+        return ufunc.reduce(rows, axis=1)
+    out = _column_extremes(rows, ufunc)
+    if np.isnan(out).any():
+        return ufunc.reduce(rows, axis=1)
+    return out
+
+
+def _max_rows(rows, count):
+    return extreme_rows(rows, np.maximum)
+
+
+def _min_rows(rows, count):
+    return extreme_rows(rows, np.minimum)
+
+
+def _column_extremes(rows, ufunc):
+    c = rows.T
+    out = ufunc(c[0], c[1])
+    for j in range(2, c.shape[0]):
+        ufunc(out, c[j], out=out)
+    return out
+
+
+@functools.cache
+def _extremes_agree(n: int, dtype, ufunc) -> bool:
+    """Whether _column_extremes gives ufunc.reduce's bits for rows of n elements of
+    dtype, on random rows and rows of signed zeros, contiguous and strided (NumPy's
+    loops differ); checked once."""
+    rng = np.random.default_rng(n)
+    wide = rng.standard_normal((512, n + 3)).astype(dtype)
+    wide[:64] = np.where(rng.random((64, n + 3)) < 0.5, -0.0, 0.0)
+    return all(ufunc.reduce(s, axis=1).tobytes() == _column_extremes(s, ufunc).tobytes()
+               for s in (np.ascontiguousarray(wide[:, :n]), wide[:, :n], wide[:, ::-1][:, :n]))
+
+
 def sum_rows(rows, count: int, mean: bool):
     """The sums (mean: the means) of the rows of a C-contiguous 2-D float array by
     np.add.reduce (then a division by count), the rows split over the host threads when
@@ -403,17 +477,17 @@ def _columns_agree(n: int, dtype) -> bool:
 @specialize("Reduce.rows", device="cpu", ops=_REDUCE_OPS,
             when=lambda kernel, x, red, count: (min(red) > 0 and x.flags.c_contiguous
                                                 and x.size >= 2 * tuning.value("reduce.thread_items"))
-            or (count > 0 and _trailing_sum(kernel, x, red)))
+            or (count > 0 and _trailing_rows_step(kernel, x, red) is not None))
 def _reduce_rows_host(kernel, x, red, count):
     """kernel.reduce, split over the leading non-reduced axes on host threads; a float
     Sum/Mean over trailing axes (any size) as one np.add.reduce over the (rows, count)
     view (sum_rows: NumPy's sum and mean run that loop on each row).  Every output
     element is reduced by the same NumPy loop over the same elements as in one call, so
     the result does not depend on the thread count."""
-    if count > 0 and _trailing_sum(kernel, x, red):
+    step = _trailing_rows_step(kernel, x, red) if count > 0 else None
+    if step is not None:
         lead = x.ndim - len(red)
-        return sum_rows(x.reshape(-1, count), count, kernel.op_type == "ReduceMean").reshape(
-            x.shape[:lead] + (1,) * len(red))
+        return step(x.reshape(-1, count), count).reshape(x.shape[:lead] + (1,) * len(red))
     lead = min(red)
     outer = int(np.prod(x.shape[:lead], dtype=np.int64))
     rows = x.reshape((outer,) + x.shape[lead:])

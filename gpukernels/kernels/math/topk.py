@@ -12,6 +12,7 @@ For long rows a prefilter (a bound from per-group maxima) first keeps the few ca
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -108,6 +109,12 @@ def _prefilter(xp, v, k, largest):
     return vals.astype(v.dtype, copy=False), xp.where(real, out_c, 0)
 
 
+def _gather(xp, v, cols):
+    """v[r, cols[r, j]] for every row r of the 2-D arrays v and cols (take_along_axis on
+    the last axis, without its per-call index building: some 8 us less a call)."""
+    return v[xp.arange(v.shape[0])[:, None], cols]
+
+
 def topk_rows(xp, v, k, largest):
     """Indices [rows, k] of the top k of each row of the 2-D array v, in output order."""
     rows, n = v.shape
@@ -118,23 +125,23 @@ def topk_rows(xp, v, k, largest):
         if pre is not None and pre[0].shape[1] * 2 <= n:
             vals, cols = pre
             sel = topk_rows(xp, vals, k, largest)  # padding sorts after every real candidate
-            return xp.take_along_axis(cols, sel, axis=-1)
+            return _gather(xp, cols, sel)
     if k * 8 < n and n > 64 and not (v.dtype.kind == "f" and bool(xp.isnan(v).any())):
-        # candidates by a partial selection; rows where the k-th value is tied with values
-        # left out are redone with an explicit lowest-index-first rule
+        # candidates by a partial selection: every value left out is no better than the
+        # k-th (the worst candidate), so a row is ambiguous when one of them equals it;
+        # those rows are redone with an explicit lowest-index-first rule
         kth = n - k if largest else k - 1
         part = xp.argpartition(v, kth, axis=-1)
         cols = part[:, n - k:] if largest else part[:, :k]
-        cand = xp.take_along_axis(v, cols, axis=-1)
-        thr = (cand.min(axis=-1) if largest else cand.max(axis=-1))[:, None]
-        ambiguous = (v == thr).sum(axis=-1) != (cand == thr).sum(axis=-1)
+        thr = (xp.min if largest else xp.max)(_gather(xp, v, cols), axis=-1, keepdims=True)
+        ambiguous = ((v >= thr) if largest else (v <= thr)).sum(axis=-1) != k
         cols = xp.sort(cols, axis=-1)
         if bool(ambiguous.any()):
             redo = xp.nonzero(ambiguous)[0]
             cols[redo] = _tie_aware_select(xp, v[redo], k, largest)
-        cand = xp.take_along_axis(v, cols, axis=-1)
+        cand = _gather(xp, v, cols)
         order = _order_desc(xp, cand) if largest else _order_asc(xp, cand)
-        return xp.take_along_axis(cols, order, axis=-1).astype(np.int64, copy=False)
+        return _gather(xp, cols, order).astype(np.int64, copy=False)
     order = _order_desc(xp, v) if largest else _order_asc(xp, v)
     return order[:, :k].astype(np.int64, copy=False)
 
@@ -162,20 +169,29 @@ class TopK(KernelBase):
         n = x.shape[ax]
         if kk < 0 or kk > n:
             raise self.error(f"k={kk} is out of range for axis {ax} of length {n}", X=x)
-        xp = self.xp
         xc = self.to_compute(x)
-        moved = xp.moveaxis(xc, ax, -1)
-        lead = moved.shape[:-1]
-        rows = int(np.prod(lead, dtype=np.int64))
-        v2 = moved.reshape(rows, n)
-        if rows == 0:
-            idx = xp.zeros((0, kk), dtype=np.int64)
-        else:
-            idx = topk_rows(xp, v2, kk, bool(largest))
-        vals = xp.take_along_axis(v2, idx, axis=-1)
-        idx = xp.ascontiguousarray(xp.moveaxis(idx.reshape(lead + (kk,)), -1, ax))
-        vals = xp.ascontiguousarray(xp.moveaxis(vals.reshape(lead + (kk,)), -1, ax))
+        vals, idx = self._topk(xc, ax, kk, bool(largest))
         # values come from the input itself: exact in the input type
         values = Tensor.wrap(vals, x.data_type) if xc.dtype == x.array.dtype else \
             self.from_compute(vals, x.data_type)
         return _Result(values, self.result(idx, DataType.INT64))
+
+    def _topk(self, xc, ax, kk, largest):
+        """(values, int64 indices) of the top kk along the axis ax of the compute array xc."""
+        xp = self.xp
+        n = xc.shape[ax]
+        last = ax == xc.ndim - 1  # the usual case: no axis moved, no copies
+        moved = xc if last else xp.moveaxis(xc, ax, -1)
+        lead = moved.shape[:-1]
+        rows = math.prod(lead)
+        v2 = moved.reshape(rows, n)
+        if rows == 0:
+            idx = xp.zeros((0, kk), dtype=np.int64)
+        else:
+            idx = topk_rows(xp, v2, kk, largest)
+        vals = _gather(xp, v2, idx).reshape(lead + (kk,))
+        idx = xp.ascontiguousarray(idx.reshape(lead + (kk,)))  # the full sort's is a slice
+        if not last:
+            idx = xp.ascontiguousarray(xp.moveaxis(idx, -1, ax))
+            vals = xp.ascontiguousarray(xp.moveaxis(vals, -1, ax))
+        return vals, idx
