@@ -1,7 +1,7 @@
-"""Decoding-step host paths (issue 15, gpt2_kv exports): a few rows times a weight whose
-gemv OpenBLAS would hand to its thread pool runs as gemv calls on slabs of the weight
-(matmul._vector_rows_slabs).  Each against an independent float64 reference on random
-inputs, through the MatMul and Gemm kernels, and on the slab boundaries."""
+"""Decoding-step host paths (issue 15, gpt2_kv exports): a few rows times a large weight
+(one gemv per row), the planned Attention host path, Softmax's row check and
+MatMulInteger's kept weights.  Each against an independent float64 reference on random
+inputs, through the kernels."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from gpukernels.kernels import KernelContext
-from gpukernels.kernels.math import matmul as matmul_mod
 from gpukernels.kernels.math.matmul import Gemm, MatMul
 
 
@@ -39,69 +38,35 @@ def shifted_blocks(monkeypatch):
     return counts
 
 
-def _slabs_taken(monkeypatch):
-    """A list that records every _vector_rows_slabs call's result."""
-    taken = []
-    real = matmul_mod._vector_rows_slabs
-
-    def spy(a2, b, out):
-        taken.append(real(a2, b, out))
-        return taken[-1]
-
-    monkeypatch.setattr(matmul_mod, "_vector_rows_slabs", spy)
-    return taken
-
-
 @pytest.mark.parametrize("k,n", [(256, 2000), (257, 1801), (1000, 1000), (3, 153601)])
 @pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("lead", [(2, 1), (1,), (4,), (3, 1)])
-def test_few_rows_in_slabs(rng, monkeypatch, k, n, order, lead):
-    """A C-ordered weight in slabs of rows (the slab products summed), an F-ordered one
-    (a transposed view) in slabs of columns; rows 1-4, batch axes kept."""
-    taken = _slabs_taken(monkeypatch)
+def test_few_rows_large_weight(rng, k, n, order, lead):
+    """A C-ordered weight and an F-ordered one (a transposed view); rows 1-4, batch axes
+    kept."""
     a = _rows(rng, *lead, k)
     b = _rand(rng, k, n) if order == "C" else _rand(rng, n, k).T
     got = MatMul(KernelContext("cpu", 13))(a, b).numpy()
-    assert taken == [True]
     want = a.astype(np.float64) @ b.astype(np.float64)
     assert got.shape == lead + (n,) and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("k,n,split", [(256, 1799, "under"), (256, 1800, "2 slabs"), (3072, 768, "6 slabs"),
-                                       (4096, 1000, "9: declined"), (5, 460800, "a row over: declined"),
-                                       (1, 460801, "a row over: declined")])
-def test_slab_boundaries(rng, monkeypatch, k, n, split):
-    """Under GEMV_CALLING_THREAD_ELEMS elements one gemv per row (no slabs); up to
-    GEMV_MAX_SLABS slabs; beyond (or a single row of the weight over the limit) the
-    plain gemv per row.  The product is the same either way."""
-    assert matmul_mod.GEMV_CALLING_THREAD_ELEMS == 460800 and matmul_mod.GEMV_MAX_SLABS == 8
-    taken = _slabs_taken(monkeypatch)
-    a, b = _rows(rng, 2, k), _rand(rng, k, n)
-    got = MatMul(KernelContext("cpu", 13))(a, b).numpy()
-    assert taken == ([] if split == "under" else ["declined" not in split])
-    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
-
-
-def test_strided_weight_not_in_slabs(rng, monkeypatch):
-    """A weight neither C- nor F-contiguous (every other column) keeps one gemv per row."""
-    taken = _slabs_taken(monkeypatch)
+def test_strided_weight(rng):
+    """A weight neither C- nor F-contiguous (every other column)."""
     a, b = _rows(rng, 2, 256), _rand(rng, 256, 4000)[:, ::2]
     got = MatMul(KernelContext("cpu", 13))(a, b).numpy()
-    assert taken == [False]
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
-def test_gemm_in_slabs(rng, monkeypatch):
-    """Gemm (transB, alpha, beta and C) on top of the slab product; float64 too."""
-    taken = _slabs_taken(monkeypatch)
+def test_gemm_few_rows(rng):
+    """Gemm (transB, alpha, beta and C) on a few-row product; float64 too."""
     for dt, tol in ((np.float32, 1e-5), (np.float64, 1e-12)):
         a, b, c = _rows(rng, 2, 256).astype(dt), _rand(rng, 2000, 256).astype(dt), _rand(rng, 2000).astype(dt)
         got = Gemm(KernelContext("cpu", 13))(a, b, c, alpha=0.5, beta=2.0, transB=1).numpy()
         want = 0.5 * (a.astype(np.float64) @ b.astype(np.float64).T) + 2.0 * c
         assert got.dtype == dt
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    assert taken == [True, True]
 
 
 # ------------------------------------------------------------------ Attention's planned host path

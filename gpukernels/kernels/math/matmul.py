@@ -156,61 +156,15 @@ def _few_rows(a, b) -> bool:
 def _vector_rows_host(a, b):
     """A product with a few rows (a decoding step: batch x 1 tokens) times a 2-D b as one
     vector-matrix product per row, into a reusable buffer: OpenBLAS packs all of b on
-    every GEMM call and may split it over its threads; gemv reads b once per row.  A b of
-    GEMV_CALLING_THREAD_ELEMS elements or more runs in slabs under that size
-    (_vector_rows_slabs)."""
+    every GEMM call and may split it over its threads; gemv reads b once per row.  One
+    gemv over the whole of b: splitting b into slabs (to keep OpenBLAS from handing a
+    large gemv to its thread pool) changed the rounding of the official inception_v1 and
+    zfnet512 cases' logits, which are equal there and feed a Softmax that must come out
+    uniform."""
     k, n = b.shape
     lead = a.shape[:-1]
     a2 = a.reshape(-1, k)
     out = host_empty((a2.shape[0], n), a.dtype)
-    if k * n < GEMV_CALLING_THREAD_ELEMS or not _vector_rows_slabs(a2, b, out):
-        for i in range(a2.shape[0]):
-            np.dot(a2[i], b, out=out[i])
+    for i in range(a2.shape[0]):
+        np.dot(a2[i], b, out=out[i])
     return out.reshape(lead + (n,))
-
-
-# OpenBLAS (0.3.x, interface/gemv.c) runs a gemv of m * n < 115200 * 4 elements in the
-# calling thread and hands larger ones to its thread pool (measured here: 256 x 1792 stays,
-# 256 x 1808 wakes it).  For a product read from cache the pool gains nothing (one or two
-# threads: 256 x 2000, 2 rows, ~60 us either way), but each hand-off waits for a worker that
-# a busy core may have descheduled, and the workers then spin for ~0.1 s, taking the core
-# the next nodes need (a decoding step of a small GPT-2: 3.5-4.5 ms per run with one BLAS
-# thread, 9-14 ms with two, on 2 cores with other work running).
-GEMV_CALLING_THREAD_ELEMS = 115200 * 4
-# Up to this many slabs (a 3072 x 768 MLP weight takes 6); a bigger b (a product of a
-# millisecond or more, from memory rather than cache) is left to the BLAS and its
-# threads: per slab the C-ordered split adds a pass over the output rows.  Measured on
-# 2 cores with other work running, 2 rows: 768 x 3072 in slabs 346 us vs 511 us with
-# 2 BLAS threads (314 us one thread, unsplit), 3072 x 768 582 vs 1543 us.
-GEMV_MAX_SLABS = 8
-
-
-def _vector_rows_slabs(a2, b, out) -> bool:
-    """out = a2 @ b as gemv calls on slabs of b under GEMV_CALLING_THREAD_ELEMS elements,
-    each contiguous in memory (np.dot on a strided column slice: 4-5x slower): a C-ordered
-    b in slabs of rows (each row of out the sum of the slabs' products, in slab order), an
-    F-ordered b (a transposed view) in slabs of columns.  False, nothing written, for
-    another layout or more than GEMV_MAX_SLABS slabs."""
-    k, n = b.shape
-    by_rows = b.flags.c_contiguous
-    if not by_rows and not b.flags.f_contiguous:
-        return False
-    length, width = (k, n) if by_rows else (n, k)
-    most = (GEMV_CALLING_THREAD_ELEMS - 1) // width  # rows (columns) of one slab
-    slabs = -(-length // most) if most else GEMV_MAX_SLABS + 1
-    if slabs > GEMV_MAX_SLABS:
-        return False
-    step = -(-length // slabs)
-    if by_rows:
-        part = host_empty(out.shape, out.dtype)
-        for lo in range(0, k, step):
-            dst = out if lo == 0 else part
-            for i in range(a2.shape[0]):
-                np.dot(a2[i, lo:lo + step], b[lo:lo + step], out=dst[i])
-            if lo:
-                np.add(out, part, out=out)
-    else:
-        for lo in range(0, n, step):
-            for i in range(a2.shape[0]):
-                np.dot(a2[i], b[:, lo:lo + step], out=out[i, lo:lo + step])
-    return True
