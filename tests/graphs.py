@@ -32,3 +32,15 @@ def model_of(nodes, inputs, outputs, initializers=(), opset=17):
 
 def init(name, value):
     return numpy_helper.from_array(np.asarray(value), name)
+
+
+def host_array(array):
+    """A NumPy view or copy of a host or device array."""
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def assert_same_bits(got, want, where=""):
+    """got and want have the same dtype, shape and bytes."""
+    g, w = host_array(got), host_array(want)
+    assert g.dtype == w.dtype and g.shape == w.shape, f"{where}: {g.dtype}{g.shape} != {w.dtype}{w.shape}"
+    assert g.tobytes() == w.tobytes(), f"{where}: values differ\n{g}\n{w}"

@@ -26,7 +26,7 @@ from gpukernels.kernels.base import KernelContext, lookup
 from gpukernels.kernels.math import reductions
 from gpukernels.runtime import Session
 from gpukernels.tensor import Tensor
-from tests.graphs import init, model_of, vi
+from tests.graphs import assert_same_bits, host_array, init, model_of, vi
 
 pytestmark = pytest.mark.usefixtures("default_paths")
 
@@ -34,14 +34,6 @@ _ET = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.float64): TP.DOUBLE}
 _TOL = {np.dtype(np.float32): 2e-6, np.dtype(np.float64): 1e-12}  # tests/kernels/math/test_math_reductions.py
 
 
-def _host(a):
-    return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
-def _same(got, want, where=""):
-    g, w = _host(got), _host(want)
-    assert g.dtype == w.dtype and g.shape == w.shape, f"{where}: {g.dtype}{g.shape} != {w.dtype}{w.shape}"
-    assert g.tobytes() == w.tobytes(), f"{where}: values differ\n{g}\n{w}"
 
 
 def _reduce_model(op, shape, dtype, axes, keepdims, opset, pre=None):
@@ -94,14 +86,14 @@ def test_trailing_reduction_compiled_same_bits(op, dtype, shape, axes, keepdims,
     for _ in range(3):
         x = (rng.standard_normal(shape) * 3 + 0.5).astype(dtype)
         got = compiled.run(None, {"x": x})[0]
-        _same(got, general.run(None, {"x": x})[0], "compiled vs general")
-        _same(got, reference.run(None, {"x": x})[0], "auto vs reference")
+        assert_same_bits(got, general.run(None, {"x": x})[0], "compiled vs general")
+        assert_same_bits(got, reference.run(None, {"x": x})[0], "auto vs reference")
         if device == "cpu":
-            _same(got, _numpy_reduce(op, x, axes, keepdims), "vs numpy")
+            assert_same_bits(got, _numpy_reduce(op, x, axes, keepdims), "vs numpy")
         want = _numpy_reduce(op, x.astype(np.float64), axes, keepdims)
         if x.size:
             tol = _TOL[np.dtype(dtype)]
-            np.testing.assert_allclose(_host(got).astype(np.float64), want, rtol=tol, atol=tol)
+            np.testing.assert_allclose(host_array(got).astype(np.float64), want, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum"])
@@ -128,7 +120,7 @@ def test_trailing_reduction_takes_the_host_rows_step(op, monkeypatch):
     monkeypatch.setattr(reductions, "sum_rows", counted_rows)
     monkeypatch.setattr(reductions._Reduce, "_step", counted_step)
     for _ in range(3):
-        _same(session.run(None, {"x": x})[0], _numpy_reduce(op, x, [2, 3], 1))
+        assert_same_bits(session.run(None, {"x": x})[0], _numpy_reduce(op, x, [2, 3], 1))
     assert calls == {"rows": 3, "step": 0}
     with specialize.recording() as chosen:
         Session(model, options={"paths": "reference"}).run(None, {"x": x})
@@ -144,9 +136,9 @@ def test_trailing_reduction_split_over_threads_same_bits(op, tuning):
     k = cls(KernelContext("cpu"), version=version)
     x = np.random.default_rng(5).standard_normal((3, 40, 50)).astype(np.float32)
     got = k(Tensor(x), np.array([1, 2], np.int64)).numpy()
-    _same(got, _numpy_reduce(op, x, [1, 2], 1), "threads vs numpy")
+    assert_same_bits(got, _numpy_reduce(op, x, [1, 2], 1), "threads vs numpy")
     got = k(Tensor(x), np.array([2], np.int64), keepdims=0).numpy()
-    _same(got, _numpy_reduce(op, x, [2], 0), "threads vs numpy, last axis")
+    assert_same_bits(got, _numpy_reduce(op, x, [2], 0), "threads vs numpy, last axis")
 
 
 @pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum"])
@@ -158,7 +150,7 @@ def test_non_trailing_and_transposed_inputs_go_the_general_way(op, device):
         general = Session(model, device=device, options={"compile_graph": False})
         for _ in range(2):
             x = rng.standard_normal((2, 5, 6, 7)).astype(np.float32)
-            _same(compiled.run(None, {"x": x})[0], general.run(None, {"x": x})[0], f"axes {axes} perm {pre}")
+            assert_same_bits(compiled.run(None, {"x": x})[0], general.run(None, {"x": x})[0], f"axes {axes} perm {pre}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -177,12 +169,12 @@ def test_short_rows_by_columns_same_bits_as_numpy(dtype):
         with np.errstate(all="ignore"):
             want = np.add.reduce(rows, axis=1)
             got = reductions._add_rows(rows, None)
-            _same(got, want, f"{n} elements")
+            assert_same_bits(got, want, f"{n} elements")
             out = np.empty(rows.shape[0], dtype)
             assert reductions._add_rows(rows, out) is out
-            _same(out, want, f"{n} elements into out")
+            assert_same_bits(out, want, f"{n} elements into out")
             if 1 < n < reductions._SHORT_ROW and reductions._columns_agree(n, np.dtype(dtype)):
-                _same(reductions._column_sums(rows[:10]), np.add.reduce(rows[:10], axis=1), f"{n}: few rows")
+                assert_same_bits(reductions._column_sums(rows[:10]), np.add.reduce(rows[:10], axis=1), f"{n}: few rows")
 
 
 def test_overflow_in_a_compiled_run_gives_the_kernels_result(device):
@@ -193,12 +185,12 @@ def test_overflow_in_a_compiled_run_gives_the_kernels_result(device):
     general = Session(model, device=device, options={"compile_graph": False})
     x = np.random.default_rng(2).uniform(1, 2, (2, 3, 4)).astype(np.float32)
     for _ in range(2):
-        _same(compiled.run(None, {"x": x})[0], general.run(None, {"x": x})[0], "finite")
+        assert_same_bits(compiled.run(None, {"x": x})[0], general.run(None, {"x": x})[0], "finite")
     big = np.full((2, 3, 4), 3e38, np.float32)
     with np.errstate(all="raise"):
         got = compiled.run(None, {"x": big})[0]
-    _same(got, general.run(None, {"x": big})[0], "overflow")
-    assert np.isinf(_host(got)).all()
+    assert_same_bits(got, general.run(None, {"x": big})[0], "overflow")
+    assert np.isinf(host_array(got)).all()
 
 
 # ------------------------------------------------------------------ NumPy's clip ufunc
@@ -221,7 +213,7 @@ def test_hard_sigmoid_same_bits_as_numpy_clip(dtype, shape):
     x = (np.random.default_rng(4).standard_normal(shape) * 4).astype(dtype)
     x.reshape(-1)[:3] = [np.nan, np.inf, -np.inf]
     got = k(Tensor(x), alpha=alpha, beta=beta).numpy()
-    _same(got, _previous_hard_sigmoid(x, alpha, beta), "HardSigmoid")
+    assert_same_bits(got, _previous_hard_sigmoid(x, alpha, beta), "HardSigmoid")
     want = np.clip(x.astype(np.float64) * dtype(alpha).astype(np.float64) + beta, 0, 1)
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-7 if dtype == np.float32 else 1e-15,
                                atol=1e-7 if dtype == np.float32 else 1e-15)
@@ -240,11 +232,11 @@ def test_clip_epilogue_same_bits_as_numpy_clip(dtype):
     want = np.clip(x, dtype(0), dtype(6))
     out = np.empty_like(x)
     ep(x, out)
-    _same(out, want, "into out")
-    _same(out, k(Tensor(x), *bounds).numpy(), "vs the Clip kernel")
+    assert_same_bits(out, want, "into out")
+    assert_same_bits(out, k(Tensor(x), *bounds).numpy(), "vs the Clip kernel")
     y = x.copy()
     ep(y, y)
-    _same(y, want, "in place")
+    assert_same_bits(y, want, "in place")
 
 
 # ------------------------------------------------------------------ GlobalAveragePool
@@ -262,14 +254,14 @@ def test_global_average_pool_same_bits_as_numpy_mean(dtype, shape, device):
     for _ in range(3):
         x = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
         got = compiled.run(None, {"x": x})[0]
-        _same(got, general.run(None, {"x": x})[0], "compiled vs general")
+        assert_same_bits(got, general.run(None, {"x": x})[0], "compiled vs general")
         if device == "cpu":
-            _same(got, np.mean(x, axis=axes, keepdims=True), "vs numpy.mean")
+            assert_same_bits(got, np.mean(x, axis=axes, keepdims=True), "vs numpy.mean")
         tol = _TOL[np.dtype(dtype)]
-        np.testing.assert_allclose(_host(got).astype(np.float64), x.astype(np.float64).mean(axis=axes, keepdims=True),
+        np.testing.assert_allclose(host_array(got).astype(np.float64), x.astype(np.float64).mean(axis=axes, keepdims=True),
                                    rtol=tol, atol=tol)
     xt = np.ascontiguousarray(rng.standard_normal(shape[:1] + shape[2:] + shape[1:2]).astype(dtype))
     x = np.moveaxis(xt, -1, 1)  # not C-contiguous: numpy.mean's own path
     from gpukernels.kernels.nn.pool import global_mean
-    _same(global_mean(np, x), np.mean(x, axis=axes, keepdims=True), "strided input")
+    assert_same_bits(global_mean(np, x), np.mean(x, axis=axes, keepdims=True), "strided input")
 

@@ -13,21 +13,13 @@ from onnx import helper as oh
 from gpukernels.kernels.base import KernelContext, lookup
 from gpukernels.runtime import Session
 from gpukernels.tensor import Tensor
-from tests.graphs import model_of, vi
+from tests.graphs import assert_same_bits, host_array, model_of, vi
 
 pytestmark = pytest.mark.usefixtures("default_paths")
 
 _ET = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.float64): TP.DOUBLE}
 
 
-def _host(a):
-    return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
-def _same(got, want, where=""):
-    g, w = _host(got), _host(want)
-    assert g.dtype == w.dtype and g.shape == w.shape, f"{where}: {g.dtype}{g.shape} != {w.dtype}{w.shape}"
-    assert g.tobytes() == w.tobytes(), f"{where}: values differ\n{g}\n{w}"
 
 
 # ------------------------------------------------------------------ MaxPool, AveragePool
@@ -58,8 +50,8 @@ def test_pool_compiled_same_bits(op, attrs, opset, dtype, device):
     for _ in range(3):
         x = rng.standard_normal(shape).astype(dtype)
         got = compiled.run(None, {"x": x})[0]
-        _same(got, general.run(None, {"x": x})[0], "compiled vs general")
-        np.testing.assert_allclose(_host(got), _host(reference.run(None, {"x": x})[0]), rtol=1e-6, atol=1e-7)
+        assert_same_bits(got, general.run(None, {"x": x})[0], "compiled vs general")
+        np.testing.assert_allclose(host_array(got), host_array(reference.run(None, {"x": x})[0]), rtol=1e-6, atol=1e-7)
 
 
 def test_pool_array_function_only_for_valid_float_calls():
@@ -85,7 +77,7 @@ def test_max_pool_with_indices_in_a_compiled_graph(device):
     x = np.random.default_rng(1).standard_normal((2, 3, 9, 9)).astype(np.float32)
     for _ in range(3):
         for got, want in zip(compiled.run(None, {"x": x}), general.run(None, {"x": x})):
-            _same(got, want)
+            assert_same_bits(got, want)
 
 
 # ------------------------------------------------ host arithmetic (Pool.windows, _pool_host)
@@ -173,7 +165,7 @@ def test_conv_transpose_kernel_equal_stride_matches_float64(shape, M, K, dtype, 
     x = rng.standard_normal(shape).astype(dtype)
     w = rng.standard_normal((shape[1], M, *K)).astype(dtype)
     b = rng.standard_normal(M).astype(dtype) if bias else None
-    y = _host(k(x, w, b, strides=K).array)
+    y = host_array(k(x, w, b, strides=K).array)
     N, _, H, W = shape
     want = np.einsum("nchw,cmab->nmhawb", x.astype(np.float64), w.astype(np.float64))
     want = want.reshape(N, M, K[0] * H, K[1] * W) + (0 if b is None else b.astype(np.float64)[:, None, None])

@@ -24,17 +24,9 @@ from gpukernels.kernels.tensor.indexing import constant_memo, is_frozen
 from gpukernels.kernels.tensor.shape_ops import values_guarded
 from gpukernels.runtime import Session
 from gpukernels.tensor import Tensor
-from tests.graphs import init, model_of, vi
+from tests.graphs import assert_same_bits, host_array, init, model_of, vi
 
 
-def _host(array):
-    return array.get() if hasattr(array, "get") else np.asarray(array)
-
-
-def _same(got, want, where=""):
-    g, w = _host(got), _host(want)
-    assert g.dtype == w.dtype and g.shape == w.shape, f"{where}: {g.dtype}{g.shape} != {w.dtype}{w.shape}"
-    assert g.tobytes() == w.tobytes(), f"{where}: values differ\n{g}\n{w}"
 
 
 def _sessions(model, device):
@@ -50,7 +42,7 @@ def _program(session):
 def _run_both(compiled, general, feeds, steps=3):
     for _ in range(steps):
         for got, want in zip(compiled.run(None, feeds), general.run(None, feeds)):
-            _same(got, want)
+            assert_same_bits(got, want)
 
 
 def _frozen(array):
@@ -268,10 +260,10 @@ def test_cast_function_equals_the_kernel_for_every_pair(src, device):
                 with np.errstate(all="ignore"):
                     got = fn(t.array)
             assert got.__class__ is want.__class__, where
-            _same(got, want, where)
+            assert_same_bits(got, want, where)
             fresh = _source(kernel, rng, src)  # the function serves other values of the type
             with np.errstate(all="ignore"):
-                _same(fn(fresh.array), kernel(fresh, **attrs).array, where + " (other values)")
+                assert_same_bits(fn(fresh.array), kernel(fresh, **attrs).array, where + " (other values)")
 
 
 def test_cast_like_and_cast_through_a_compiled_session(device, rng):
@@ -312,8 +304,8 @@ def test_variadic_functions_equal_the_kernel(op, dt, device, rng):
             want = kernel(*tensors).array
             got = fn(*[t.array for t in tensors])
         assert got.__class__ is want.__class__
-        _same(got, want, f"{op} {dt.__name__} {shapes}")
-        assert not np.shares_memory(_host(got), _host(arrays[0]))
+        assert_same_bits(got, want, f"{op} {dt.__name__} {shapes}")
+        assert not np.shares_memory(host_array(got), host_array(arrays[0]))
 
 
 # ------------------------------------------------------- values_guarded and Expand
@@ -354,7 +346,7 @@ def test_expand_copies_or_gives_a_read_only_view(shape, dims, device, rng):
     want = kernel(x, s)
     assert want.shape == tuple(np.broadcast_shapes(shape, tuple(dims)))
     got = kernel.array_function([x, s], {})(x.array, s.array)
-    _same(got, want.array)
-    _same(got, np.broadcast_to(_host(x.array), want.shape))
+    assert_same_bits(got, want.array)
+    assert_same_bits(got, np.broadcast_to(host_array(x.array), want.shape))
     if isinstance(got, np.ndarray) and np.shares_memory(got, x.array):
         assert not got.flags.writeable  # a view of the input is never written through
