@@ -62,17 +62,18 @@ class _Reduce(KernelBase):
         def apply(data):
             return self._step(Tensor.wrap(data, dt), red, keepdims).array
 
-        apply = self._host_sum_function(x, red, keepdims, apply)
+        apply = self._host_rows_function(x, red, keepdims, apply)
         if len(inputs) > 1:
             return values_guarded(self.op_type, {"axes": axes_list}, apply)
         return apply
 
-    def _host_sum_function(self, x: Tensor, red, keepdims, apply):
+    def _host_rows_function(self, x: Tensor, red, keepdims, apply):
         """Compiled graphs, float Sum/Mean/Max/Min over trailing axes on the host (where
-        _step would take _reduce_rows_host's _trailing_rows_step): each call straight to that step on
-        the data, without _step's per-call Tensor wrapping and np.errstate (the runtime
-        runs array functions under its own error guard: a floating-point event sends the
-        node back to the kernel); data of another type or layout goes through apply."""
+        _step would take _trailing_rows_step's step in _reduce_rows_host): each call
+        straight to that step on the data, without _step's per-call Tensor wrapping and
+        np.errstate (the runtime runs array functions under its own error guard: a
+        floating-point event sends the node back to the kernel); data of another type or
+        layout goes through apply."""
         xc = self.to_compute(x)
         if red is None or x.ndim == 0 or xc is not x.array or xc.dtype not in FLOAT_TYPES:
             return apply
@@ -86,7 +87,7 @@ class _Reduce(KernelBase):
         ones = (1,) * len(red) if keepdims else ()
         any_layout = step in (_max_rows, _min_rows)
 
-        def host_sum(data):
+        def host_rows(data):
             shape = data.shape
             if data.__class__ is not np.ndarray or data.dtype != dtype or len(shape) != ndim \
                     or not (any_layout or data.flags.c_contiguous):
@@ -96,7 +97,7 @@ class _Reduce(KernelBase):
                 return apply(data)
             return step(data.reshape(-1, n), n).reshape(shape[:lead] + ones)
 
-        return host_sum
+        return host_rows
 
     def _axes_list(self, x: Tensor, axes, noop_with_empty_axes) -> list:
         """The axes (a list of ints, unnormalised) from the input or the attribute, by

@@ -9,7 +9,6 @@ in the stage-one precision.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -464,15 +463,6 @@ def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones):
     return mean, inv
 
 
-@functools.lru_cache(maxsize=64)
-def _host_ones(n: int, dtype) -> np.ndarray | None:
-    """row_ones on the host, made once per (n, dtype) and read-only."""
-    ones = row_ones(np, n, dtype)
-    if ones is not None:
-        ones.flags.writeable = False
-    return ones
-
-
 @specialize("LayerNormalization.rows", device="cpu", ops=("LayerNormalization", "RMSNormalization"))
 def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True):
     """_normalize_rows on the host: _normalize_block over blocks of rows that fit in
@@ -483,7 +473,7 @@ def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True):
     R, D = x2.shape
     dt = x2.dtype
     y = host_empty((R, D), dt)
-    ones = _host_ones(D, dt)
+    ones = row_ones(np, D, dt)  # kept and read-only on the host
     step = max(1, tuning.value("norm.host_row_block_bytes") // max(1, D * dt.itemsize))  # host/tuning.py
     if R <= step:  # one block: no hand-out (its bookkeeping costs more than small rows)
         mean, inv = _normalize_block(np, x2, y, eps, s_flat, b_flat, center, ones)
