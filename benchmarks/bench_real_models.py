@@ -91,6 +91,35 @@ ATOL, RTOL = 1e-4, 1e-3
 VARIANTS = [(exp, axes) for exp in ("ts17", "dy20", "dy23") for axes in ("static", "dynamic")]
 
 
+def blas_description() -> str:
+    """NumPy's BLAS as threadpoolctl sees it: library, version, kernel, threads."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "BLAS unknown (no threadpoolctl)"
+    for info in threadpool_info():
+        if info.get("user_api") == "blas":
+            return (f"{info.get('internal_api')} {info.get('version')} "
+                    f"({info.get('architecture') or '?'} kernels, {info.get('num_threads')} threads)")
+    return "BLAS unknown"
+
+
+def forced_blas_kernel() -> str:
+    """A warning when OPENBLAS_CORETYPE (or OPENBLAS_L2_SIZE) is set: OpenBLAS then runs
+    the named kernels instead of its own choice for this CPU.  Some machines set it for
+    old OpenBLAS builds that fail on their processor; on an AVX-512 CPU Haswell's kernels
+    ran float32 products of convolution and transformer shapes 1.6-1.9x slower here than
+    OpenBLAS's own choice (SkylakeX kernels), while onnxruntime (MLAS) picks its kernels
+    itself -- the ratios would then measure the variable.  Unset both for the benchmark command alone, e.g.
+    ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_real_models.py``."""
+    forced = [f"{k}={os.environ[k]}" for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ]
+    if not forced:
+        return ""
+    return (f"{' and '.join(forced)} set: OpenBLAS runs those kernels instead of its own choice for this CPU "
+            "(NumPy's products may be slower than a user's); to time what a user gets, run with "
+            "'env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE'")
+
+
 # --------------------------------------------------------------------------- specs
 
 @dataclass
@@ -1561,7 +1590,10 @@ def main(argv=None) -> int:
         return parity_main(args, specs, root, progress)
     print(f"# real-model benchmark: {platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}; "
           f"gpukernels from {pathlib.Path(gpukernels.__file__).parent}, onnxruntime {onnxruntime.__version__}; "
-          f"exports in {root}")
+          f"NumPy {np.__version__}, {blas_description()}; exports in {root}")
+    forced = forced_blas_kernel()
+    if forced:
+        print(f"warning: {forced}", file=sys.stderr)
     rows, export_errors = [], []
     for spec in specs:
         wanted = [v for v in variants_for(spec) if args.filter in f"{spec.name} {v[0]} {v[1]}"]
