@@ -161,6 +161,11 @@ _ENTRIES = (
           _on_dev("2-core AVX-512 host") + "; " +
           _on_vm("8 MiB beat 2 MiB, 1 MiB and 512 KiB by 5-25% on UNet's 2x16x96x96 to "
                  "2x64x16x16 3x3 convolutions (1 thread)")),
+    Entry("conv.depthwise_plane_bytes", 16 * _MiB, "bytes",
+          "host depthwise Conv: largest per-node set of (inputs x outputs) plane matrices "
+          "(depthwise_plane_products, kept per constant weight): memory against the tap paths",
+          "chosen: mobilenet/efficientnet/convnext-sized planes up to a 1152-channel 7x7 one "
+          "(11 MiB) fit; larger ones use the tap paths"),
     Entry("conv.host_fold_pixels", 2304, "output pixels per image",
           "host 2-D Conv: images this small share one product (the batch folded into the "
           "columns, the weights packed once, Y written by a transposing copy)",

@@ -120,23 +120,27 @@ def _scratch(count, dtype) -> np.ndarray:
     return np.empty(count, dtype)
 
 
-_PLANE_MATRIX_MAX = 1 << 14  # entries of one channel's (outputs x inputs) matrix
+_PLANE_MATRIX_MAX = 1 << 14  # entries of one channel's (inputs x outputs) matrix
 
 
-def use_plane_products(H, W, kh, kw, Ho, Wo) -> bool:
-    """Whether depthwise_plane_products beats the tap paths: its (outputs x inputs)
-    entries cost 0.35-0.4 ns each per channel and image (fitted on a 2-core host shared
-    with other jobs, CPU time, 1 thread, float32: 18 us + 0.4 ns per entry), against
-    depthwise_taps_nhwc's 0.42 ns per tap and output + 0.9 per input pixel (its cost
-    model, use_channels_last_taps): planes no larger than the kernel (convnext's 7x7 on
-    2x2 and 4x4 planes, efficientnet's 5x5 on 3x3), 5x5 at stride 2 on 6x6, 3x3 at
-    stride 2 on 4x4; the matrix stays small (huge pads could make the outputs many).
-    Measured against the path chosen before: 2x128x4x4 7x7 130 -> 53 us, 2x256x2x2 7x7
-    44 -> 23, 2x576x3x3 5x5 161 -> 56, 2x480x3x3 3x3 124 -> 51, 2x288x6x6 5x5 stride 2
-    154 -> 87, 2x128x4x4 3x3 stride 2 66 -> 24; rejected: 2x240x6x6 5x5 (259 against
-    256), 2x192x6x6 3x3 (117 against 222), 2x64x8x8 7x7 (233 against 340)."""
+def use_plane_products(H, W, kh, kw, Ho, Wo, strides=(1, 1), matrix_bytes=0) -> bool:
+    """Whether depthwise_plane_products (one batched product, every (input, output) pair
+    of a plane) beats the tap paths: when the inputs of a plane are at most 4 times the
+    kernel's taps times the stride's phases (H*W <= 4 * kh*kw * sh*sw: the dense
+    products' extra multiply-adds are then cheaper than the tap paths' many short ufunc
+    calls), a channel's matrix has at most _PLANE_MATRIX_MAX entries and all of them
+    (matrix_bytes per entry of one channel's matrix: channels x multiplier x item size)
+    fit conv.depthwise_plane_bytes.  Fitted against the tap paths' choice on 330 shapes
+    (1-2 images; 32-576 channels; 3x3 to 28x28 planes; 3x3, 5x5, 7x7 kernels; strides 1
+    and 2; float32, 2 BLAS threads, a 2-core AVX-512 EPYC VM, fastest of repeated runs):
+    slower by more than 10% on 9 shapes (at most 1.9x: 1x576x12x12 3x3 stride 2, 177
+    against 92 us), faster than the choice by more than 10% left on 15.  Measured: 2x240x6x6
+    5x5 140 -> 37 us, 2x96x8x8 7x7 197 -> 27, 2x192x6x6 3x3 62 -> 34, 2x96x12x12 5x5 135
+    -> 109, 2x240x12x12 5x5 stride 2 175 -> 95."""
     Q, P = Ho * Wo, H * W
-    return Q * P <= _PLANE_MATRIX_MAX and (P <= kh * kw or 0.35 * Q * P <= 0.42 * kh * kw * Q + 0.9 * P)
+    if Q * P > _PLANE_MATRIX_MAX or matrix_bytes * Q * P > tuning.value("conv.depthwise_plane_bytes"):
+        return False
+    return P <= 4 * kh * kw * strides[0] * strides[1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,18 +174,18 @@ def _plane_matrices(w, dtype, H, W, strides, pads, dilations, O):
 
 
 def depthwise_plane_products(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
-    """Depthwise 2-D convolution of small planes (use_plane_products) as (outputs x
-    inputs) matrices with the channels last: every entry of the matrices A[o, p, c]
-    (gathered from the weights, once per constant W with a memo; zero where input pixel p
-    is padding or outside output o's window) times the input's pixel p of channel c in
-    one multiply (rows of C, the input copied channels last), the inputs summed by one
-    add.reduce, the bias added, and one transposed copy into Y applies the epilogue.
-    Every tap that reads data is one multiply-add; a structural zero times an infinite
-    input would be NaN where the reference reads no such pixel, so only for finite x and
-    w (the caller checks).  Images in chunks that keep the products within
-    conv.host_cols_bytes.  Replaces one BLAS product A[c] @ x[n, c] per image and
-    channel (about 0.08 us a call, and the gather on every call): see use_plane_products
-    for times."""
+    """Depthwise 2-D convolution of small planes (use_plane_products) as one batched
+    product over the channels: per input channel c, the images' planes (N x inputs, a
+    strided view of x) times the channel's (inputs x multiplier*outputs) matrix, whose
+    entry (p, o) is the weight linking input pixel p to output pixel o (gathered from the
+    weights, once per constant W with a memo; zero where p is padding or outside o's
+    window).  The bias is added to the product and one transposed copy into Y applies
+    the epilogue.  A structural zero times an infinite input would be NaN where the
+    reference reads no such pixel, so only for finite x and w (the caller checks).
+    Replaces two earlier forms: one BLAS call per image and channel (about 0.08 us a
+    call, and the gather on every call), then every matrix entry as one multiply with the
+    channels last and an add.reduce (2-10x slower than this one batched call; see
+    use_plane_products)."""
     N, C, H, W = x.shape
     M = w.shape[0]
     m = M // C
@@ -190,28 +194,31 @@ def depthwise_plane_products(x, w, b, strides, pads, dilations, O, epilogue=None
     dtype = x.dtype
     geometry = (H, W, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))
     A = derived(memo, ("plane", dtype.str) + geometry, w, None,
-              lambda w, b: _plane_matrices(w, dtype, *geometry)).reshape(Q, P, C, m)
-    bias = None if b is None else b.astype(dtype, copy=False)
+                lambda w, b: _channel_matrices(w, dtype, C, m, geometry))
+    planes = x.reshape(N, C, P).transpose(1, 0, 2)  # (C, N, P)
+    prod = _scratch(C * N * m * Q, dtype).reshape(C, N, m * Q)
+    np.matmul(planes, A, out=prod)
+    prod = prod.reshape(C, N, m, Q)
+    if b is not None:
+        prod += b.astype(dtype, copy=False).reshape(C, 1, m, 1)
     y = output_array((N, M, Ho, Wo), dtype)
-    nb = max(1, min(N, tuning.value("conv.host_cols_bytes") // (dtype.itemsize * Q * P * M)))
-    for n0 in range(0, N, nb):
-        n = min(N, n0 + nb) - n0
-        flat = _scratch(n * (P * C + Q * P * M + Q * M), dtype)
-        xt = flat[:n * P * C].reshape(n, P, C)
-        xt[...] = x[n0:n0 + n].reshape(n, C, P).transpose(0, 2, 1)
-        prod = flat[n * P * C:n * (P * C + Q * P * M)].reshape(n, Q, P, C, m)
-        np.multiply(A, xt.reshape(n, 1, P, C, 1), out=prod)
-        acc = flat[n * (P * C + Q * P * M):].reshape(n, Q, M)
-        np.add.reduce(prod.reshape(n, Q, P, M), axis=2, out=acc)
-        if bias is not None:
-            acc += bias
-        src = acc.transpose(0, 2, 1)
-        dst = y[n0:n0 + n].reshape(n, M, Q)
-        if epilogue is None:
-            dst[...] = src
-        else:
-            epilogue(src, dst)
+    src = prod.transpose(1, 0, 2, 3)
+    dst = y.reshape(N, C, m, Q)
+    if epilogue is None:
+        dst[...] = src
+    else:
+        epilogue(src, dst)
     return y
+
+
+def _channel_matrices(w, dtype, C, m, geometry):
+    """depthwise_plane_products' matrices (C, inputs, multiplier * outputs), contiguous:
+    entry (c, p, j*Q + o) links input pixel p of channel c to output pixel o of output
+    channel c*m + j (_plane_matrices)."""
+    H, W, _, _, _, (Ho, Wo) = geometry
+    A = _plane_matrices(w, dtype, *geometry)  # (Q, P, M)
+    A = A.reshape(Ho * Wo, H * W, C, m).transpose(2, 1, 3, 0)
+    return np.ascontiguousarray(A).reshape(C, H * W, m * Ho * Wo)
 
 
 def _finite_weights(w, b) -> bool:
@@ -236,7 +243,8 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None)
     m = w.shape[0] // C
     kh, kw = w.shape[2:]
     Ho, Wo = O
-    if (use_plane_products(H, W, kh, kw, Ho, Wo) and derived(memo, "finite", w, None, _finite_weights)
+    if (use_plane_products(H, W, kh, kw, Ho, Wo, strides, w.shape[0] * x.dtype.itemsize)
+            and derived(memo, "finite", w, None, _finite_weights)
             and _all_finite(x)):
         return depthwise_plane_products(x, w, b, strides, pads, dilations, O, epilogue, memo)
     Wq = _tap_layout(H, W, kh, kw, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))[1]

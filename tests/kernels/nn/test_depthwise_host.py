@@ -191,6 +191,8 @@ def test_channels_last_chosen_for_tiny_outputs(rng, monkeypatch):
     calls = []
     real = depthwise_host.depthwise_taps_nhwc
     monkeypatch.setattr(depthwise_host, "depthwise_taps_nhwc", lambda *a: calls.append(1) or real(*a))
+    # the plane products take this plane first (use_plane_products): set them aside
+    monkeypatch.setattr(depthwise_host, "use_plane_products", lambda *a: False)
     x = rng.standard_normal((2, 192, 6, 6)).astype(np.float16)
     w = (rng.standard_normal((192, 1, 3, 3)) * 0.3).astype(np.float16)
     y = Conv(KernelContext("cpu"))(x, w, group=192, pads=[1, 1, 1, 1], strides=[2, 2]).numpy()
@@ -237,7 +239,7 @@ def test_plane_products_chosen_for_planes_no_larger_than_the_kernel():
     assert depthwise_host.use_plane_products(2, 2, 7, 7, 2, 2)
     assert depthwise_host.use_plane_products(3, 3, 5, 5, 3, 3)
     assert depthwise_host.use_plane_products(3, 3, 3, 3, 3, 3)
-    assert not depthwise_host.use_plane_products(6, 6, 5, 5, 6, 6)
+    assert not depthwise_host.use_plane_products(14, 14, 5, 5, 14, 14)
     assert not depthwise_host.use_plane_products(12, 12, 3, 3, 12, 12)
     assert not depthwise_host.use_plane_products(2, 2, 3, 3, 200, 200)  # huge pads: many outputs
 
