@@ -52,6 +52,20 @@ def test_few_rows_large_weight(rng, k, n, order, lead):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows,k,n,gemv", [(1, 256, 768, True), (2, 256, 768, False), (4, 1024, 256, False),
+                                            (2, 256, 2048, True), (4, 768, 2304, True), (5, 768, 2304, False)])
+def test_few_rows_take_gemv_only_for_large_weights(rng, rows, k, n, gemv):
+    """One row always takes the per-row gemv; 2-4 rows only with a B of
+    matmul.host_vector_min_bytes or more (a smaller one is packed once by the GEMM)."""
+    from gpukernels.kernels import specialize
+
+    a, b = _rows(rng, rows, k), _rand(rng, k, n)
+    with specialize.recording() as chosen:
+        got = MatMul(KernelContext("cpu", 13))(a, b).numpy()
+    assert ("_vector_rows_host" in {s.name for s in chosen}) == gemv
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
 def test_strided_weight(rng):
     """A weight neither C- nor F-contiguous (every other column)."""
     a, b = _rows(rng, 2, 256), _rand(rng, 256, 4000)[:, ::2]

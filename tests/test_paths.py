@@ -373,14 +373,17 @@ CASES["Conv.dense:_dense_2d_host"] += [
 # MatMul/Gemm with a few rows (a decoding step) as vector-matrix products (issue 15,
 # transformer speed)
 CASES["MatMul.product:_vector_rows_host"] = [
-    Case("MatMul", lambda r: [_f32(r, 2, 1, 256), _f32(r, 256, 768)], {}, 1e-5, 1e-5, (1e-5, 1e-5)),
-    Case("MatMul", lambda r: [_f32(r, 3, 64), _f32(r, 64, 50)], {}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    # more than one row takes it only with a B of matmul.host_vector_min_bytes (2 MiB) or more
+    Case("MatMul", lambda r: [_f32(r, 2, 1, 256), _f32(r, 256, 2048)], {}, 1e-5, 1e-5, (1e-5, 1e-5)),
+    Case("MatMul", lambda r: [_f32(r, 3, 64), _f32(r, 64, 8192)], {}, 1e-5, 1e-5, (1e-5, 1e-5)),
     Case("MatMul", lambda r: [_f32(r, 1, 300), _f32(r, 7, 300).T], {}, 1e-5, 1e-5, (1e-5, 1e-5)),  # B a view
-    Case("MatMul", lambda r: [_f32(r, 4, 1, 32).astype(np.float64), _f32(r, 32, 9).astype(np.float64)], {},
+    Case("MatMul", lambda r: [_f32(r, 4, 1, 32).astype(np.float64), _f32(r, 32, 8192).astype(np.float64)], {},
          1e-12, 1e-12),
-    Case("Gemm", lambda r: [_f32(r, 2, 256), _f32(r, 1000, 256), _f32(r, 1000)],
+    Case("MatMul", lambda r: [_f32(r, 1, 1, 32).astype(np.float64), _f32(r, 32, 9).astype(np.float64)], {},
+         1e-12, 1e-12),
+    Case("Gemm", lambda r: [_f32(r, 2, 256), _f32(r, 2100, 256), _f32(r, 2100)],
          {"transB": 1, "alpha": 0.5, "beta": 2.0}, 1e-5, 1e-5, (1e-5, 1e-5)),
-    Case("Gemm", lambda r: [_f32(r, 40, 4), _f32(r, 40, 30), _f32(r, 4, 1)], {"transA": 1}, 1e-5, 1e-5,
+    Case("Gemm", lambda r: [_f32(r, 40, 4), _f32(r, 40, 14000), _f32(r, 4, 1)], {"transA": 1}, 1e-5, 1e-5,
          (1e-5, 1e-5)),
 ]
 

@@ -227,6 +227,12 @@ _ENTRIES = (
           "no split over BLAS threads; the GEMM wins from about 6 rows",
           _on_vm("one thread: (2,256)@(256,768) 40 vs 78 us, (2,256)@(256,2000) 77 vs 172 us, "
                  "6 rows equal")),
+    Entry("matmul.host_vector_min_bytes", 2 * _MiB, "bytes of B",
+          "2 to matmul.host_vector_rows rows take the per-row gemv only from this size of B "
+          "on: a smaller B is packed once by the GEMM (in cache), where each gemv reads all of it",
+          _on_vm("2 BLAS threads, 2 rows, GEMM against 2 gemv: B 1024x256 17 vs 26 us, 512x768 "
+                 "25-33 vs 44-47, 256x1536 28-31 vs 39-45; 768x768 89-97 vs 42-55, 768x2304 390 vs "
+                 "199, 256x2000 61 vs 31")),
     # ------------------------------------------------------------ math/softmax.py
     Entry("softmax.host_block_elems", 1 << 16, "elements",
           "block of whole slices along a non-last axis: every pass runs in cache", _CHOSEN),

@@ -145,9 +145,13 @@ def _scale_int(xp, y, factor):
 
 
 def _few_rows(a, b) -> bool:
+    """One row, or a few rows times a B too large for the GEMM's packing to pay (a
+    smaller B is packed once by the GEMM and read once, where each gemv reads all of it:
+    see the tuning entries matmul.host_vector_rows and matmul.host_vector_min_bytes)."""
     rows = a.size // a.shape[-1] if a.ndim >= 2 and a.shape[-1] else 0
     return (b.ndim == 2 and a.ndim >= 2 and a.dtype == b.dtype and a.dtype.kind == "f"
-            and 0 < rows <= tuning.value("matmul.host_vector_rows"))
+            and 0 < rows <= tuning.value("matmul.host_vector_rows")
+            and (rows == 1 or b.nbytes >= tuning.value("matmul.host_vector_min_bytes")))
 
 
 @specialize("MatMul.product", device="cpu", ops=("MatMul", "Gemm"), when=_few_rows,
