@@ -121,26 +121,30 @@ def _scratch(count, dtype) -> np.ndarray:
 
 
 _PLANE_MATRIX_MAX = 1 << 14  # entries of one channel's (inputs x outputs) matrix
+_DENSE_RATIO = 2  # plane products while a plane's inputs are at most this many times the taps
 
 
 def use_plane_products(H, W, kh, kw, Ho, Wo, strides=(1, 1), matrix_bytes=0) -> bool:
     """Whether depthwise_plane_products (one batched product, every (input, output) pair
-    of a plane) beats the tap paths: when the inputs of a plane are at most 4 times the
-    kernel's taps times the stride's phases (H*W <= 4 * kh*kw * sh*sw: the dense
+    of a plane) beats the tap paths: when the inputs of a plane are at most twice the
+    kernel's taps times the stride's phases (H*W <= 2 * kh*kw * sh*sw: the dense
     products' extra multiply-adds are then cheaper than the tap paths' many short ufunc
     calls), a channel's matrix has at most _PLANE_MATRIX_MAX entries and all of them
     (matrix_bytes per entry of one channel's matrix: channels x multiplier x item size)
-    fit conv.depthwise_plane_bytes.  Fitted against the tap paths' choice on 330 shapes
-    (1-2 images; 32-576 channels; 3x3 to 28x28 planes; 3x3, 5x5, 7x7 kernels; strides 1
-    and 2; float32, 2 BLAS threads, a 2-core AVX-512 EPYC VM, fastest of repeated runs):
-    slower by more than 10% on 9 shapes (at most 1.9x: 1x576x12x12 3x3 stride 2, 177
-    against 92 us), faster than the choice by more than 10% left on 15.  Measured: 2x240x6x6
-    5x5 140 -> 37 us, 2x96x8x8 7x7 197 -> 27, 2x192x6x6 3x3 62 -> 34, 2x96x12x12 5x5 135
-    -> 109, 2x240x12x12 5x5 stride 2 175 -> 95."""
+    fit conv.depthwise_plane_bytes.  Node by node (330 shapes: 1-2 images, 32-576
+    channels, 3x3 to 28x28 planes, 3x3/5x5/7x7 kernels, strides 1 and 2; float32, 2 BLAS
+    threads, a 2-core AVX-512 EPYC VM) a ratio of 4 picked better still (2x192x6x6 3x3
+    55 -> 34 us), but in whole models the matrices then streamed through the caches
+    every run and slowed the other nodes: MobileNetV2's 3x3 depthwise on 6x6 planes (1-1.5
+    MiB of matrices each) made the whole run 20-40% slower; with 2 it runs as before.
+    Measured node by node: 2x240x6x6 5x5 140 -> 37 us, 2x96x8x8 7x7 197 -> 27, 2x576x3x3
+    5x5 33 -> 27, 2x288x6x6 5x5 stride 2 59 -> 23, 2x240x12x12 5x5 stride 2 175 -> 95;
+    whole runs (fastest of alternating processes): MobileNetV3 2.6-2.9 -> 2.1-2.3 ms,
+    ConvNeXt 2.0 -> 1.7-1.8, EfficientNet-B0 6.0 -> 5.5-5.9."""
     Q, P = Ho * Wo, H * W
     if Q * P > _PLANE_MATRIX_MAX or matrix_bytes * Q * P > tuning.value("conv.depthwise_plane_bytes"):
         return False
-    return P <= 4 * kh * kw * strides[0] * strides[1]
+    return P <= _DENSE_RATIO * kh * kw * strides[0] * strides[1]
 
 
 @functools.lru_cache(maxsize=64)

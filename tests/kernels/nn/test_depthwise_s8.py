@@ -251,13 +251,13 @@ def test_plane_products_chosen_for_small_planes():
     assert rule(6, 6, 5, 5, 3, 3, (2, 2))     # 5x5 stride 2 on 6x6
     assert rule(4, 4, 3, 3, 2, 2, (2, 2))     # 3x3 stride 2 on 4x4
     assert rule(4, 4, 7, 7, 4, 4)             # planes no larger than the kernel
-    assert rule(6, 6, 3, 3, 6, 6)             # inputs at most 4x the taps
+    assert rule(6, 6, 5, 5, 6, 6)             # inputs at most twice the taps
     assert rule(8, 8, 7, 7, 8, 8)
-    assert rule(12, 12, 5, 5, 6, 6, (2, 2))   # 144 inputs <= 4 * 25 * 4
-    assert not rule(12, 12, 5, 5, 12, 12)     # 144 > 4 * 25: the tap paths
-    assert not rule(8, 8, 3, 3, 8, 8)
+    assert rule(12, 12, 5, 5, 6, 6, (2, 2))   # 144 inputs <= 2 * 25 * 4
+    assert not rule(6, 6, 3, 3, 6, 6)         # 36 > 2 * 9: the tap paths
+    assert not rule(12, 12, 5, 5, 12, 12)
     assert not rule(14, 14, 3, 3, 7, 7, (2, 2))
-    assert not rule(12, 12, 5, 5, 12, 12, (1, 1), 1 << 20)  # too many bytes for the matrices
+    assert not rule(8, 8, 7, 7, 8, 8, (1, 1), 1 << 20)  # too many bytes for the matrices
 
 
 def test_plane_matrices_bytes_follow_the_tuning_entry(tuning):
