@@ -280,6 +280,9 @@ class KernelBase:
         """True when output 0 may alias input 0 (the runtime then may reuse its buffer)."""
         return False
 
+    # array_function takes None for an input omitted before the last given one
+    omitted_inputs_as_none = False
+
     def array_function(self, inputs: list, attrs: dict):
         """Optional fast path for a node called many times with inputs of unchanging
         element types and shapes (a Loop or Scan body): None (the default), or a
@@ -299,7 +302,10 @@ class KernelBase:
 
         A node with several outputs returns a tuple of arrays, one per output (the ones
         the graph omits may be anything).  Trailing omitted inputs (empty names at the
-        end of the node's input list) are not passed: f takes the given ones.  Where the
+        end of the node's input list) are not passed: f takes the given ones.  An input
+        omitted before the last given one (Resize(X, '', '', sizes)) is None in inputs
+        and in f's arguments, and only for kernels whose class sets
+        ``omitted_inputs_as_none``; the runtime does not ask the others.  Where the
         output's shape depends on input values (Reshape's shape, Slice's starts...), f
         checks those values against the call it was made from and raises when they
         differ, so that the runtime redoes the call through the kernel."""

@@ -172,6 +172,13 @@ class BodyProgram:
             self.slot_sig[s] = sig
         return s
 
+    def _none_slot(self) -> int:
+        """The slot passing None for an omitted input (never written or freed)."""
+        s = self.slot_of.get("")
+        if s is None:
+            s = self.slot_of[""] = self._new_slot(None, None)
+        return s
+
     def _resolve(self, name: str) -> int:
         """The slot of a name read by a node: local, a constant or an outer value."""
         s = self.slot_of.get(name)
@@ -209,14 +216,17 @@ class BodyProgram:
             args, outs = rec
             in_slots = [self._resolve(n) if n else None for n in p.inputs]
             given = _given(p.inputs)  # trailing omitted inputs: as if not listed
-            arrays_in = all(s is not None and self.slot_dt[s] is not None for s in in_slots[:given])
+            # inputs omitted before the last given one ('' in the middle: Resize(X, '', '',
+            # sizes)) reach an array function as None, from a slot that always holds None
+            arrays_in = all(s is not None and self.slot_dt[s] is not None
+                            for s, n in zip(in_slots[:given], p.inputs) if n)
             if (p.kernel is not None and p.kernel.__class__ is identity and len(in_slots) == 1
                     and arrays_in and len(p.outputs) == 1 and p.outputs[0]):
                 self.slot_of[p.outputs[0]] = in_slots[0]  # Identity of a tensor: the same value
                 continue
             fn = self._array_function(p, args[:given], outs) if arrays_in else None
             if fn is not None:
-                in_slots = in_slots[:given]
+                in_slots = [self._none_slot() if s is None else s for s in in_slots[:given]]
             if fn is not None and len(p.outputs) > 1:
                 op = (5, fn, tuple(in_slots), self._result_slots(p, outs, produced), None)
                 reads.append(set(in_slots))
@@ -263,12 +273,14 @@ class BodyProgram:
             return None
         if not _hook_trusted(type(p.kernel)):
             return None
+        if any(a is None for a in args) and not getattr(type(p.kernel), "omitted_inputs_as_none", False):
+            return None  # only kernels that say so take None for an omitted input
         fn = p.kernel.array_function(list(args), dict(p.attrs))
         if fn is None:
             return None
         try:
             with np.errstate(all="ignore"):
-                got = fn(*[a.array for a in args])
+                got = fn(*[None if a is None else a.array for a in args])
         except Exception:
             return None
         if n == 1:

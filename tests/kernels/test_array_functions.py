@@ -450,7 +450,32 @@ def _pool_cases(op, rng, version, dt):
     return cases
 
 
+def _resize(rng, version, dt, n_inputs):
+    """Resize by scales and by sizes (roi and scales omitted as None, as the runtime passes
+    Resize(X, '', '', sizes)), nearest and linear and cubic modes, axes, a policy, and
+    tf_crop_and_resize with a roi; opset 10 (Resize(X, scales)) has none."""
+    if version < 11 or dtypes.info(dt).kind == "bool":
+        return []
+    x = _values(rng, (2, 3, 4, 5), dt)
+    scales = np.array([1, 1, 2, 1.5], np.float32)
+    sizes = np.array([2, 3, 7, 3], np.int64)
+    cases = [([x, None, scales], {}),
+             ([x, None, None, sizes], {}),
+             ([x, np.array([], np.float32), scales], {"mode": "nearest", "nearest_mode": "floor"})]
+    if dtypes.info(dt).kind == "float":
+        cases += [([x, None, None, sizes], {"mode": "linear", "coordinate_transformation_mode": "align_corners"}),
+                  ([x, None, scales], {"mode": "cubic"}),
+                  ([x, np.array([0, 0, 0.1, 0.2, 1, 1, 0.9, 0.7], np.float32), None, sizes],
+                   {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize",
+                    "extrapolation_value": 2.5})]
+        if version >= 18:
+            cases += [([x, None, None, np.array([6, 4], np.int64)],
+                       {"mode": "linear", "axes": [2, 3], "keep_aspect_ratio_policy": "not_larger"})]
+    return cases
+
+
 CASES = {
+    "Resize": _resize,
     "Attention": _attention,
     "QuantizeLinear": _quantize,
     "DequantizeLinear": _dequantize,
@@ -526,7 +551,7 @@ def _host(array):
 
 def _check_same(kernel, inputs, attrs) -> bool:
     """Whether kernel.array_function gave a function; if so, that it equals the kernel."""
-    tensors = [kernel.tensor(x) for x in inputs]
+    tensors = [None if x is None else kernel.tensor(x) for x in inputs]  # None: an omitted input
     with np.errstate(all="ignore"):  # NaN and infinities are among the inputs
         want = kernel(*tensors, **attrs)
     several = not isinstance(want, Tensor) and kernel.op_type == "Split"  # a tuple, one per output
@@ -535,10 +560,10 @@ def _check_same(kernel, inputs, attrs) -> bool:
     if fn is None:
         return False
     where = (f"{kernel.op_type}-{kernel.since_version} on {kernel.device}, inputs "
-             f"{[f'{t.array.dtype}{list(t.shape)}' for t in tensors]}, attributes {attrs}")
+             f"{[None if t is None else f'{t.array.dtype}{list(t.shape)}' for t in tensors]}, attributes {attrs}")
     try:
         with np.errstate(all="ignore"):  # IEEE events: the runtime redoes such calls (base.py)
-            got = fn(*[t.array for t in tensors])
+            got = fn(*[None if t is None else t.array for t in tensors])
     except Exception as exc:  # noqa: BLE001 -- named in the failure
         pytest.fail(f"{where}: the array function raised {type(exc).__name__}: {exc} "
                     f"where the kernel succeeded")
@@ -673,3 +698,42 @@ def test_compiled_graphs_run_these_nodes_as_arrays():
     assert 0 not in codes and 5 in codes, codes  # no kernel calls; Split's several outputs
     with pytest.raises(GpuKernelsError, match="Gather.*out of range"):
         compiled.run(None, {"x": feeds["x"], "t": np.int64(5)})
+
+
+def test_compiled_graphs_pass_inputs_omitted_in_the_middle_as_none():
+    """Resize(X, '', '', sizes) and Resize(X, '', scales) run as array functions in a
+    compiled plan (the omitted roi and scales as None), bitwise equal to the general path;
+    sizes that change between runs (a graph input) are redone through the kernel and give
+    the new shape; a kernel that does not take None keeps its kernel call."""
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+
+    from gpukernels.runtime import Session
+    from tests.graphs import init, model_of, vi
+
+    nodes = [
+        oh.make_node("Resize", ["x", "", "", "sizes"], ["by_sizes"], mode="linear"),
+        oh.make_node("Resize", ["x", "", "scales"], ["by_scales"], mode="nearest"),
+        oh.make_node("Resize", ["x", "", "", "fed"], ["by_fed"]),
+        oh.make_node("Pad", ["x", "pads", "", "axes"], ["padded"]),  # no None for Pad: a kernel call
+    ]
+    model = model_of(
+        nodes, [vi("x", TP.FLOAT, [1, 2, 3, 4]), vi("fed", TP.INT64, [4])],
+        [vi(n, TP.FLOAT, None) for n in ("by_sizes", "by_scales", "by_fed", "padded")],
+        [init("sizes", np.int64([1, 2, 5, 7])), init("scales", np.float32([1, 1, 2, 1.5])),
+         init("pads", np.int64([1, 0, 2, 1])), init("axes", np.int64([2, 3]))], opset=19)
+    rng = np.random.default_rng(3)
+    compiled, general = Session(model), Session(model, options={"compile_graph": False})
+    fed = np.int64([1, 2, 6, 6])
+    for step in range(3):
+        feeds = {"x": rng.standard_normal((1, 2, 3, 4)).astype(np.float32), "fed": fed}
+        for got, want in zip(compiled.run(None, feeds), general.run(None, feeds)):
+            assert got.shape == want.shape and got.tobytes() == want.tobytes()
+    (program,) = [p for p in compiled._compiled.programs.values() if p is not None]
+    assert [op[0] for op in program.ops if op[0] != 4] == [3, 3, 3, 0], program.ops  # Resize's as arrays
+    feeds["fed"] = np.int64([1, 2, 2, 9])  # other sizes: the node is redone through the kernel
+    got = compiled.run(None, feeds)
+    want = general.run(None, feeds)
+    assert got[2].shape == (1, 2, 2, 9)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.tobytes() == w.tobytes()

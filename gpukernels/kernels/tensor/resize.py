@@ -44,6 +44,7 @@ from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ._common import host_floats, host_ints, norm_axes, product, xp_for
+from .indexing import is_frozen
 
 COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                "asymmetric", "tf_crop_and_resize")
@@ -517,8 +518,56 @@ class Resize(_ResizeCore):
         """Resize to explicit output sizes (for the resized axes)."""
         return self(X, None, None, sizes, **attrs)
 
-    def _run(self, x, r, sc, sz, *, antialias, axes, coord, cubic_coeff_a, exclude_outside,
-             extrapolation_value, policy, mode, nearest_mode):
+    omitted_inputs_as_none = True  # array_function: Resize(X, '', '', sizes) is common
+
+    def array_function(self, inputs, attrs):
+        """Opset 11+: resize() for the recorded call's roi, scales and sizes, resolved
+        once (the output's shape depends on their values: other values raise, so that the
+        runtime redoes the node through the kernel; a constant found equal is not read
+        again).  inputs: X, then roi, scales, sizes as given (None where omitted)."""
+        if self.since_version < 11 or not inputs or any(
+                t is not None and t.__class__ is not Tensor for t in inputs):
+            return None
+        x = inputs[0]
+        if any(t is not None and t.array.__class__ is not np.ndarray for t in inputs[1:]):
+            return None  # roi, scales or sizes on a device: compared on the host only
+        rest = list(inputs[1:]) + [None] * (4 - len(inputs))
+        r, sc, sz = (self.tensor(t, name, optional=True) for t, name in zip(rest, ("roi", "scales", "sizes")))
+        call = self._resolve(x, r, sc, sz, **self._attributes(attrs))
+        recorded = [None if t is None else t.array for t in inputs[1:]]
+        seen = [None] * len(recorded)  # per input: the constant last found equal
+        data_type, resize = x.data_type, self.resize
+
+        def fn(data, *given):
+            for j, got in enumerate(given):
+                if got is not seen[j] and got is not recorded[j]:
+                    if got is None or recorded[j] is None or not np.array_equal(got, recorded[j]):
+                        raise ValueError(f"Resize: input {j + 1} differs from the compiled call's")
+                    if is_frozen(got):
+                        seen[j] = got
+            return resize(Tensor.wrap(data, data_type), *call[0], **call[1]).array
+
+        return fn
+
+    @staticmethod
+    def _attributes(attrs) -> dict:
+        """_resolve's keyword arguments from a node's attributes (the schema's defaults
+        where absent), as __call__ takes them."""
+        return dict(antialias=attrs.get("antialias", 0), axes=attrs.get("axes"),
+                    coord=_s(attrs.get("coordinate_transformation_mode", "half_pixel")),
+                    cubic_coeff_a=attrs.get("cubic_coeff_a", -0.75), exclude_outside=attrs.get("exclude_outside", 0),
+                    extrapolation_value=attrs.get("extrapolation_value", 0.0),
+                    policy=_s(attrs.get("keep_aspect_ratio_policy", "stretch")), mode=_s(attrs.get("mode", "nearest")),
+                    nearest_mode=_s(attrs.get("nearest_mode", "round_prefer_floor")))
+
+    def _run(self, x, r, sc, sz, **kwargs):
+        args, keywords = self._resolve(x, r, sc, sz, **kwargs)
+        return self.resize(x, *args, **keywords)
+
+    def _resolve(self, x, r, sc, sz, *, antialias, axes, coord, cubic_coeff_a, exclude_outside,
+                 extrapolation_value, policy, mode, nearest_mode):
+        """The checked arguments of resize() for this call: ((out_shape, scales, axes),
+        keywords)."""
         named = {"X": x}
         if mode not in MODES:
             raise self.error(f"unknown mode {mode!r}; expected one of {list(MODES)}", **named)
@@ -576,10 +625,10 @@ class Resize(_ResizeCore):
             if len(vals) != 2 * n:
                 raise self.error(f"roi has {len(vals)} values; expected {2 * n}", roi=r, **named)
             roi = [(vals[k], vals[n + k]) for k in range(n)]
-        return self.resize(x, out_shape, scales, ax, mode=mode, coord=coord, nearest_mode=nearest_mode,
-                           cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
-                           extrapolation_value=extrapolation_value, antialias=antialias, roi=roi,
-                           out_widths=out_widths)
+        return (out_shape, scales, ax), dict(mode=mode, coord=coord, nearest_mode=nearest_mode,
+                                             cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                                             extrapolation_value=extrapolation_value, antialias=antialias,
+                                             roi=roi, out_widths=out_widths)
 
 
 @register()
