@@ -185,6 +185,28 @@ def _gather(rng, version, dt, n_inputs):
             ([x, np.zeros((0,), np.int64)], {"axis": 2})]
 
 
+def _gather_elements(rng, version, dt, n_inputs):
+    """Indices as large as data, smaller along the other axes (a window of data),
+    negative ones, int32 indices, the last axis."""
+    x = _values(rng, (3, 4, 5), dt)
+    return [([x, _indices(rng, (3, 4, 5), 3)], {}),
+            ([x, _indices(rng, (2, 6, 3), 4)], {"axis": 1}),
+            ([x, -_indices(rng, (3, 2, 5), 5, np.int32) - 1], {"axis": -1}),
+            ([x, _indices(rng, (1, 1, 7), 5)], {"axis": 2})]
+
+
+def _arg_reduce(rng, version, dt, n_inputs):
+    """Each axis (negative too), keepdims 0, ties (repeated values: the first or, from
+    opset 12, the last index), a 1-D input."""
+    x = _values(rng, (3, 4, 5), dt)
+    ties = np.repeat(_values(rng, (3, 1, 5), dt), 4, axis=1)
+    cases = [([x], {}), ([x], {"axis": 2}), ([x], {"axis": -2, "keepdims": 0}),
+             ([ties], {"axis": 1}), ([_values(rng, (7,), dt)], {"keepdims": 0})]
+    if version >= 12:
+        cases += [([ties], {"axis": 1, "select_last_index": 1}), ([x], {"axis": 0, "select_last_index": 1})]
+    return cases
+
+
 def _gather_nd(rng, version, dt, n_inputs):
     x = _values(rng, (3, 4, 5), dt)
     cases = [([x, np.stack([_indices(rng, (2, 6), 3), _indices(rng, (2, 6), 4)], -1)], {}),
@@ -489,6 +511,9 @@ CASES = {
     "Split": _split,
     "Gather": _gather,
     "GatherND": _gather_nd,
+    "GatherElements": _gather_elements,
+    "ArgMax": _arg_reduce,
+    "ArgMin": _arg_reduce,
     "Squeeze": _squeeze,
     "Unsqueeze": _unsqueeze,
     "Expand": _expand,
@@ -737,3 +762,38 @@ def test_compiled_graphs_pass_inputs_omitted_in_the_middle_as_none():
     assert got[2].shape == (1, 2, 2, 9)
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.tobytes() == w.tobytes()
+
+
+def test_compiled_graphs_run_arg_reductions_and_gather_elements_as_arrays():
+    """ArgMax, ArgMin and GatherElements (tiny_yolo's detection head: the best class,
+    its score) run as array functions in a compiled plan, bitwise equal to the general
+    path; an index out of range at run time still raises GatherElements' error."""
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+
+    from gpukernels.errors import GpuKernelsError
+    from gpukernels.runtime import Session
+    from tests.graphs import model_of, vi
+
+    nodes = [
+        oh.make_node("ArgMax", ["x"], ["best"], axis=1, keepdims=1),                        # [2, 1, 6]
+        oh.make_node("ArgMin", ["x"], ["worst"], axis=-1, keepdims=0, select_last_index=1),  # [2, 5]
+        oh.make_node("GatherElements", ["x", "best"], ["score"], axis=1),                    # [2, 1, 6]
+        oh.make_node("GatherElements", ["x", "picks"], ["picked"], axis=2),                 # [2, 5, 3]
+    ]
+    model = model_of(
+        nodes, [vi("x", TP.FLOAT, [2, 5, 6]), vi("picks", TP.INT64, [2, 5, 3])],
+        [vi("best", TP.INT64, None), vi("worst", TP.INT64, None), vi("score", TP.FLOAT, None),
+         vi("picked", TP.FLOAT, None)], opset=13)
+    rng = np.random.default_rng(21)
+    compiled, general = Session(model), Session(model, options={"compile_graph": False})
+    for step in range(3):
+        feeds = {"x": rng.standard_normal((2, 5, 6)).astype(np.float32),
+                 "picks": rng.integers(-6, 6, (2, 5, 3)).astype(np.int64)}
+        for got, want in zip(compiled.run(None, feeds), general.run(None, feeds)):
+            assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+    (program,) = [p for p in compiled._compiled.programs.values() if p is not None]
+    assert 0 not in [op[0] for op in program.ops], program.ops
+    feeds["picks"] = np.full((2, 5, 3), 6, np.int64)
+    with pytest.raises(GpuKernelsError, match="GatherElements.*out of range"):
+        compiled.run(None, feeds)

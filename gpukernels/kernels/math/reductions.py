@@ -34,6 +34,7 @@ from ..base import KernelBase, register
 from ..specialize import specialize
 from ..tensor.shape_ops import values_guarded
 from ._mathcommon import contiguous, highest, lowest, normalize_axes, normalize_axis
+from .arith import native_compute
 
 # first version whose axes come as an input
 _AXES_INPUT_SINCE = {"ReduceSum": 13}
@@ -537,9 +538,13 @@ class _Arg(KernelBase):
         xc = self.to_compute(x)
         if x.ndim == 0:
             xc = xc.reshape(1)
-        n = xc.shape[axis]
-        if n == 0:
+        if xc.shape[axis] == 0:
             raise self.error(f"cannot take {self.op_type} over the empty axis {axis}", data=x)
+        return self.result(self._indices(xp, xc, axis, keepdims, select_last_index, x.ndim == 0), DataType.INT64)
+
+    def _indices(self, xp, xc, axis, keepdims, select_last_index, scalar):
+        """The int64 indices of the compute array xc (rank >= 1, a non-empty axis)."""
+        n = xc.shape[axis]
         if select_last_index:
             idx = self.pick(xp, xp.flip(xc, axis=axis), axis)
             idx = (n - 1) - idx
@@ -549,9 +554,22 @@ class _Arg(KernelBase):
         idx = xp.asarray(idx).astype(np.int64, copy=False)
         if keepdims:
             idx = xp.expand_dims(idx, axis)
-        if x.ndim == 0:
+        if scalar:
             idx = idx.reshape(())
-        return self.result(contiguous(xp, idx), DataType.INT64)
+        return contiguous(xp, idx)
+
+    def array_function(self, inputs, attrs):
+        """_indices for the recorded axis and flags, on inputs computed in their own type
+        (rank 1 or more, a non-empty axis)."""
+        if len(inputs) != 1 or not native_compute(inputs) or inputs[0].ndim == 0:
+            return None
+        x = inputs[0]
+        axis = normalize_axis(self, attrs.get("axis", 0), x.ndim, data=x)
+        if x.shape[axis] == 0:
+            return None
+        keep, last, xp, indices = bool(attrs.get("keepdims", 1)), bool(attrs.get("select_last_index", 0)), \
+            self.xp, self._indices
+        return lambda a: indices(xp, a, axis, keep, last, False)
 
 
 @register()

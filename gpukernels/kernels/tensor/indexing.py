@@ -174,6 +174,21 @@ class GatherElements(KernelBase):
             return Tensor.wrap(xp.empty(i.shape, dtype=x.array.dtype), x.data_type)
         return Tensor.wrap(xp.take_along_axis(src, idx, axis=ax), x.data_type)
 
+    def array_function(self, inputs, attrs):
+        """Non-string data and non-empty indices: take_along_axis over the recorded
+        window of data; constant indices checked once (see constant_memo), others on
+        every call (an index out of range raises, and the runtime redoes the node
+        through the kernel)."""
+        if (len(inputs) != 2 or any(t.__class__ is not Tensor for t in inputs)
+                or inputs[0].data_type == DataType.STRING or inputs[1].size == 0):
+            return None
+        x, i = inputs
+        ax = norm_axis(self, attrs.get("axis", 0), x.ndim)
+        xp, size = xp_for(self, x), x.shape[ax]
+        window = tuple(slice(None) if d == ax else slice(0, i.shape[d]) for d in range(x.ndim))
+        index = constant_memo(lambda idx: checked_indices(self, xp, on(xp, idx), size))
+        return lambda data, indices: xp.take_along_axis(data[window], index(indices), axis=ax)
+
 
 def nd_linear_index(kernel, xp, idx, dims, **inputs):
     """(..., k) index tuples into dims (k values) -> (...) linear indices, checked."""
