@@ -207,6 +207,21 @@ def _arg_reduce(rng, version, dt, n_inputs):
     return cases
 
 
+def _topk(rng, version, dt, n_inputs):
+    """K as a 1-D tensor (opset 10+), each axis, smallest, k of 0 and of the whole axis,
+    ties (repeated values); opset 1 (k an attribute) has none."""
+    if version < 10 or dtypes.info(dt).kind == "bool":
+        return []
+    x = _values(rng, (3, 4, 5), dt)
+    ties = np.repeat(_values(rng, (3, 1, 5), dt), 4, axis=1)
+    k = lambda v: np.array([v], np.int64)  # noqa: E731
+    cases = [([x, k(2)], {}), ([x, k(3)], {"axis": 1}), ([x, k(0)], {"axis": 0}), ([x, k(5)], {"axis": -1}),
+             ([ties, k(3)], {"axis": 1}), ([_values(rng, (9,), dt), k(4)], {})]
+    if version >= 11:
+        cases += [([x, k(2)], {"largest": 0}), ([ties, k(2)], {"axis": 1, "largest": 0, "sorted": 0})]
+    return cases
+
+
 def _gather_nd(rng, version, dt, n_inputs):
     x = _values(rng, (3, 4, 5), dt)
     cases = [([x, np.stack([_indices(rng, (2, 6), 3), _indices(rng, (2, 6), 4)], -1)], {}),
@@ -512,6 +527,7 @@ CASES = {
     "Gather": _gather,
     "GatherND": _gather_nd,
     "GatherElements": _gather_elements,
+    "TopK": _topk,
     "ArgMax": _arg_reduce,
     "ArgMin": _arg_reduce,
     "Squeeze": _squeeze,
@@ -554,6 +570,8 @@ CASES = {
 
 # operators whose array function serves nodes that ask for the first output only
 FIRST_OUTPUT_ONLY = {"Attention"}
+# operators whose array function returns every output (a tuple)
+SEVERAL_OUTPUTS = {"Split", "TopK"}
 
 
 def _schema_defaults(op, domain, version) -> dict:
@@ -579,7 +597,7 @@ def _check_same(kernel, inputs, attrs) -> bool:
     tensors = [None if x is None else kernel.tensor(x) for x in inputs]  # None: an omitted input
     with np.errstate(all="ignore"):  # NaN and infinities are among the inputs
         want = kernel(*tensors, **attrs)
-    several = not isinstance(want, Tensor) and kernel.op_type == "Split"  # a tuple, one per output
+    several = not isinstance(want, Tensor) and kernel.op_type in SEVERAL_OUTPUTS  # a tuple, one per output
     wants = [t.array for t in want] if several else [(want if isinstance(want, Tensor) else want[0]).array]
     fn = kernel.array_function(tensors, dict(attrs))
     if fn is None:
@@ -765,26 +783,30 @@ def test_compiled_graphs_pass_inputs_omitted_in_the_middle_as_none():
 
 
 def test_compiled_graphs_run_arg_reductions_and_gather_elements_as_arrays():
-    """ArgMax, ArgMin and GatherElements (tiny_yolo's detection head: the best class,
-    its score) run as array functions in a compiled plan, bitwise equal to the general
-    path; an index out of range at run time still raises GatherElements' error."""
+    """ArgMax, ArgMin, GatherElements and TopK (tiny_yolo's detection head: the best
+    class, its score, the top boxes) run as array functions in a compiled plan, bitwise
+    equal to the general path; an index out of range at run time still raises
+    GatherElements' error."""
     from onnx import TensorProto as TP
     from onnx import helper as oh
 
     from gpukernels.errors import GpuKernelsError
     from gpukernels.runtime import Session
-    from tests.graphs import model_of, vi
+    from tests.graphs import init, model_of, vi
 
     nodes = [
         oh.make_node("ArgMax", ["x"], ["best"], axis=1, keepdims=1),                        # [2, 1, 6]
         oh.make_node("ArgMin", ["x"], ["worst"], axis=-1, keepdims=0, select_last_index=1),  # [2, 5]
         oh.make_node("GatherElements", ["x", "best"], ["score"], axis=1),                    # [2, 1, 6]
         oh.make_node("GatherElements", ["x", "picks"], ["picked"], axis=2),                 # [2, 5, 3]
+        oh.make_node("TopK", ["x", "k"], ["top", "top_at"], axis=2),                         # [2, 5, 3] x 2
+        oh.make_node("TopK", ["x", "k"], ["low", "low_at"], axis=1, largest=0),              # low: not an output
     ]
     model = model_of(
         nodes, [vi("x", TP.FLOAT, [2, 5, 6]), vi("picks", TP.INT64, [2, 5, 3])],
         [vi("best", TP.INT64, None), vi("worst", TP.INT64, None), vi("score", TP.FLOAT, None),
-         vi("picked", TP.FLOAT, None)], opset=13)
+         vi("picked", TP.FLOAT, None), vi("top", TP.FLOAT, None), vi("top_at", TP.INT64, None),
+         vi("low_at", TP.INT64, None)], [init("k", np.int64([3]))], opset=13)
     rng = np.random.default_rng(21)
     compiled, general = Session(model), Session(model, options={"compile_graph": False})
     for step in range(3):

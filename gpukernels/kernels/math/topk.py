@@ -21,7 +21,9 @@ from ...dtypes import DataType
 from ...tensor import Tensor
 from ...xp import stable_argsort
 from ..base import KernelBase, register
+from ..tensor.shape_ops import values_guarded
 from ._mathcommon import normalize_axis
+from .arith import native_compute
 
 
 class _Result(NamedTuple):
@@ -175,6 +177,21 @@ class TopK(KernelBase):
         values = Tensor.wrap(vals, x.data_type) if xc.dtype == x.array.dtype else \
             self.from_compute(vals, x.data_type)
         return _Result(values, self.result(idx, DataType.INT64))
+
+    def array_function(self, inputs, attrs):
+        """Opset 10+, X computed in its own type: (values, indices) of _topk for the
+        recorded K (guarded: another K raises, and the runtime redoes the node through
+        the kernel)."""
+        if (self.since_version < 10 or len(inputs) != 2 or not native_compute(inputs[:1])
+                or inputs[1].__class__ is not Tensor or inputs[0].ndim == 0 or inputs[1].size != 1):
+            return None
+        x, kt = inputs
+        kk = int(np.asarray(kt.numpy()).reshape(-1)[0])
+        ax = normalize_axis(self, attrs.get("axis", -1), x.ndim, X=x)
+        if not 0 <= kk <= x.shape[ax]:
+            return None
+        largest, topk = bool(attrs.get("largest", 1)), self._topk
+        return values_guarded("TopK", {"K": [kk] if kt.ndim else kk}, lambda data: topk(data, ax, kk, largest))
 
     def _topk(self, xc, ax, kk, largest):
         """(values, int64 indices) of the top kk along the axis ax of the compute array xc."""
