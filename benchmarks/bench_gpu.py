@@ -25,7 +25,8 @@
 --deadline S (default: env GPUKERNELS_BENCH_BUDGET or 420) stops starting new cases after S
 seconds; SIGINT/SIGTERM stop the current one.  Either way the summary table is printed
 last (and written to --summary FILE); exits 1 when a selftest or parity case failed, 124
-when stopped early without failures.
+when stopped early or when the deadline left cases unrun (without failures): a check that
+skipped cases for lack of time did not pass.
 """
 
 from __future__ import annotations
@@ -730,7 +731,8 @@ def _main(args) -> int:
         Path(args.summary).write_text(text + "\n")
     if any(r[2] == "FAIL" for r in ROWS):
         return 1
-    return 124 if stopped else 0
+    out_of_time = any(r[2] == "skip" and r[3] == "time budget" for r in ROWS)
+    return 124 if stopped or out_of_time else 0
 
 
 if __name__ == "__main__":

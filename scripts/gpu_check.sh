@@ -81,6 +81,9 @@ else
 fi
 for k in "${!BUDGET[@]}"; do BUDGET[$k]=$(awk -v b="${BUDGET[$k]}" -v s="$SCALE" 'BEGIN{v = int(b*s); printf "%d", (v < 1 ? 1 : v)}'); done
 has_module() { "$PY" -c "import $1" >/dev/null 2>&1; }
+# deadline STEP MARGIN: seconds a step's own tool may start new cases: its budget less
+# the margin its summary needs, at least 1 (a tool's deadline is never negative)
+deadline() { local d=$((BUDGET[$1] - $2)); echo $((d < 1 ? 1 : d)); }
 T_START=$SECONDS
 ROWS=()
 FAILED=0
@@ -136,7 +139,7 @@ if [ "$GPU_OK" = 0 ]; then
 else
   if want warmup; then
     run_step warmup "^warm-up summary" "$PY" scripts/gpu_warmup.py --jobs "$JOBS" \
-      --deadline "$((BUDGET[warmup] - 10))" $([ "$MODE" = emulator ] && echo --emulator)
+      --deadline "$(deadline warmup 10)" $([ "$MODE" = emulator ] && echo --emulator)
   fi
   if want tests; then
     if [ "$MODE" = gpu ]; then
@@ -149,13 +152,13 @@ else
   fi
   if want parity; then
     run_step parity "^SUMMARY" "$PY" benchmarks/bench_gpu.py --parity-only $QUICK --seed "$SEED" \
-      --deadline "$((BUDGET[parity] - 15))" --summary "$LOGDIR/gpu_check_parity_summary.txt" \
+      --deadline "$(deadline parity 15)" --summary "$LOGDIR/gpu_check_parity_summary.txt" \
       $([ "$MODE" = emulator ] && echo --emulator)
   fi
   if want bench; then
     if [ "$MODE" = gpu ]; then
       run_step bench "^SUMMARY" "$PY" benchmarks/bench_gpu.py --bench-only --seed "$SEED" \
-        --deadline "$((BUDGET[bench] - 15))" --summary "$LOGDIR/gpu_check_bench_summary.txt"
+        --deadline "$(deadline bench 15)" --summary "$LOGDIR/gpu_check_bench_summary.txt"
     else
       run_step bench "RotaryEmbedding run" "$PY" scripts/launch_overhead.py --repeat 100
     fi

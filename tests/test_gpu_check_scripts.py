@@ -92,7 +92,7 @@ def test_bench_deadline_skips_cases_and_keeps_the_summary(tmp_path):
     summary = tmp_path / "s.txt"
     p = _bench("--emulator", "--quick", "--parity-only", "--deadline", "0", "--seed", "1", "--summary", str(summary))
     out, _ = p.communicate(timeout=600)
-    assert p.returncode == 0, out[-3000:]
+    assert p.returncode == 124, out[-3000:]  # cases left unrun for lack of time: not a pass
     text = summary.read_text()
     assert "SUMMARY (emulator, seed 1" in text and " 0 failed" in text
     assert re.search(r"parity\s+0/\d+ ok \(\d+ skipped: time budget\)", text), text
