@@ -78,7 +78,9 @@ def test_a_step_past_its_budget_is_stopped_and_the_table_still_comes_last(tmp_pa
     table = _table(run.stdout)
     assert table[-1] == "SOME STEPS FAILED OR TIMED OUT (see the logs)"
     rows = {line.split()[0]: line.split()[1] for line in table[2:-1]}
-    assert rows == {"parity": "TIMEOUT", "bench": "TIMEOUT"}, table
+    # parity (108 cases) cannot finish in its 1 s; the bench step after it still runs (its
+    # 100 launches may finish within the second on a fast machine)
+    assert rows["parity"] == "TIMEOUT" and rows["bench"] in ("ok", "TIMEOUT") and len(rows) == 2, table
     assert len(list(tmp_path.iterdir())) <= 8
 
 
