@@ -92,16 +92,18 @@ VARIANTS = [(exp, axes) for exp in ("ts17", "dy20", "dy23") for axes in ("static
 
 
 def blas_description() -> str:
-    """NumPy's BLAS as threadpoolctl sees it: library, version, kernel, threads."""
+    """NumPy's BLAS as threadpoolctl sees it: library, version, kernels, threads (SciPy
+    loads a BLAS of its own: the one under numpy's folder is named, else the first)."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return "BLAS unknown (no threadpoolctl)"
-    for info in threadpool_info():
-        if info.get("user_api") == "blas":
-            return (f"{info.get('internal_api')} {info.get('version')} "
-                    f"({info.get('architecture') or '?'} kernels, {info.get('num_threads')} threads)")
-    return "BLAS unknown"
+    found = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    if not found:
+        return "BLAS unknown"
+    info = next((i for i in found if "numpy" in str(i.get("filepath", ""))), found[0])
+    return (f"{info.get('internal_api')} {info.get('version')} "
+            f"({info.get('architecture') or '?'} kernels, {info.get('num_threads')} threads)")
 
 
 def forced_blas_kernel() -> str:
