@@ -112,7 +112,8 @@ def forced_blas_kernel() -> str:
     old OpenBLAS builds that fail on their processor; on an AVX-512 CPU Haswell's kernels
     ran float32 products of convolution and transformer shapes 1.6-1.9x slower here than
     OpenBLAS's own choice (SkylakeX kernels), while onnxruntime (MLAS) picks its kernels
-    itself -- the ratios would then measure the variable.  Unset both for the benchmark command alone, e.g.
+    itself -- the ratios would then measure the variable.  Unset both for the benchmark
+    command alone, e.g.
     ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_real_models.py``."""
     forced = [f"{k}={os.environ[k]}" for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ]
     if not forced:

@@ -567,8 +567,8 @@ class _Arg(KernelBase):
         axis = normalize_axis(self, attrs.get("axis", 0), x.ndim, data=x)
         if x.shape[axis] == 0:
             return None
-        keep, last, xp, indices = bool(attrs.get("keepdims", 1)), bool(attrs.get("select_last_index", 0)), \
-            self.xp, self._indices
+        keep, last = bool(attrs.get("keepdims", 1)), bool(attrs.get("select_last_index", 0))
+        xp, indices = self.xp, self._indices
         return lambda a: indices(xp, a, axis, keep, last, False)
 
 

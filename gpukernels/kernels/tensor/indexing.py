@@ -169,7 +169,7 @@ class GatherElements(KernelBase):
                                  data=x, indices=i)
         xp = xp_for(self, x)
         idx = checked_indices(self, xp, on(xp, i.array), x.shape[ax], data=x, indices=i)
-        src = x.array[tuple(slice(None) if d == ax else slice(0, i.shape[d]) for d in range(x.ndim))]
+        src = x.array[_elements_window(x.ndim, i.shape, ax)]
         if idx.size == 0:
             return Tensor.wrap(xp.empty(i.shape, dtype=x.array.dtype), x.data_type)
         return Tensor.wrap(xp.take_along_axis(src, idx, axis=ax), x.data_type)
@@ -185,9 +185,14 @@ class GatherElements(KernelBase):
         x, i = inputs
         ax = norm_axis(self, attrs.get("axis", 0), x.ndim)
         xp, size = xp_for(self, x), x.shape[ax]
-        window = tuple(slice(None) if d == ax else slice(0, i.shape[d]) for d in range(x.ndim))
+        window = _elements_window(x.ndim, i.shape, ax)
         index = constant_memo(lambda idx: checked_indices(self, xp, on(xp, idx), size))
         return lambda data, indices: xp.take_along_axis(data[window], index(indices), axis=ax)
+
+
+def _elements_window(ndim, idx_shape, ax) -> tuple:
+    """GatherElements' part of data: all of axis ax, the indices' extent on the others."""
+    return tuple(slice(None) if d == ax else slice(0, idx_shape[d]) for d in range(ndim))
 
 
 def nd_linear_index(kernel, xp, idx, dims, **inputs):

@@ -44,7 +44,7 @@ from ...limits import check_allocation
 from ...tensor import Tensor
 from ..base import KernelBase, register
 from ._common import host_floats, host_ints, norm_axes, product, xp_for
-from .indexing import is_frozen
+from .shape_ops import values_guarded
 
 COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                "asymmetric", "tf_crop_and_resize")
@@ -509,10 +509,7 @@ class Resize(_ResizeCore):
         sc = self.tensor(scales, "scales", optional=True)
         sz = self.tensor(sizes, "sizes", optional=True)
         self.check_inputs(x, r, sc, sz)
-        return self._run(x, r, sc, sz, antialias=antialias, axes=axes, coord=_s(coordinate_transformation_mode),
-                         cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
-                         extrapolation_value=extrapolation_value, policy=_s(keep_aspect_ratio_policy),
-                         mode=_s(mode), nearest_mode=_s(nearest_mode))
+        return self._run(x, r, sc, sz, **self._attributes(locals()))  # the attributes above, by name
 
     def resize_sizes(self, X, sizes, **attrs):
         """Resize to explicit output sizes (for the resized axes)."""
@@ -533,32 +530,22 @@ class Resize(_ResizeCore):
             return None  # roi, scales or sizes on a device: compared on the host only
         rest = list(inputs[1:]) + [None] * (4 - len(inputs))
         r, sc, sz = (self.tensor(t, name, optional=True) for t, name in zip(rest, ("roi", "scales", "sizes")))
-        call = self._resolve(x, r, sc, sz, **self._attributes(attrs))
-        recorded = [None if t is None else t.array for t in inputs[1:]]
-        seen = [None] * len(recorded)  # per input: the constant last found equal
+        args, keywords = self._resolve(x, r, sc, sz, **self._attributes(attrs))
+        guards = {name: None if t is None else t.array.tolist()
+                  for name, t in zip(("roi", "scales", "sizes"), inputs[1:])}
         data_type, resize = x.data_type, self.resize
+        return values_guarded("Resize", guards,
+                              lambda data: resize(Tensor.wrap(data, data_type), *args, **keywords).array)
 
-        def fn(data, *given):
-            for j, got in enumerate(given):
-                if got is not seen[j] and got is not recorded[j]:
-                    if got is None or recorded[j] is None or not np.array_equal(got, recorded[j]):
-                        raise ValueError(f"Resize: input {j + 1} differs from the compiled call's")
-                    if is_frozen(got):
-                        seen[j] = got
-            return resize(Tensor.wrap(data, data_type), *call[0], **call[1]).array
-
-        return fn
-
-    @staticmethod
-    def _attributes(attrs) -> dict:
-        """_resolve's keyword arguments from a node's attributes (the schema's defaults
-        where absent), as __call__ takes them."""
-        return dict(antialias=attrs.get("antialias", 0), axes=attrs.get("axes"),
-                    coord=_s(attrs.get("coordinate_transformation_mode", "half_pixel")),
-                    cubic_coeff_a=attrs.get("cubic_coeff_a", -0.75), exclude_outside=attrs.get("exclude_outside", 0),
-                    extrapolation_value=attrs.get("extrapolation_value", 0.0),
-                    policy=_s(attrs.get("keep_aspect_ratio_policy", "stretch")), mode=_s(attrs.get("mode", "nearest")),
-                    nearest_mode=_s(attrs.get("nearest_mode", "round_prefer_floor")))
+    @classmethod
+    def _attributes(cls, attrs) -> dict:
+        """_resolve's keyword arguments from attributes by their ONNX names (any other
+        keys ignored), __call__'s defaults where absent."""
+        a = {k: attrs.get(k, default) for k, default in cls.__call__.__kwdefaults__.items()}
+        return dict(antialias=a["antialias"], axes=a["axes"], coord=_s(a["coordinate_transformation_mode"]),
+                    cubic_coeff_a=a["cubic_coeff_a"], exclude_outside=a["exclude_outside"],
+                    extrapolation_value=a["extrapolation_value"], policy=_s(a["keep_aspect_ratio_policy"]),
+                    mode=_s(a["mode"]), nearest_mode=_s(a["nearest_mode"]))
 
     def _run(self, x, r, sc, sz, **kwargs):
         args, keywords = self._resolve(x, r, sc, sz, **kwargs)

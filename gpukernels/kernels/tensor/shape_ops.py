@@ -19,19 +19,25 @@ from .indexing import is_frozen
 INT64_MAX = 2 ** 63 - 1
 
 
+_UNSEEN = object()  # values_guarded: no constant found equal yet
+
+
 def values_guarded(op: str, guards: dict, apply):
     """An array function (data, *given) -> apply(data) for the recorded call's host
     values of the inputs after data ({name: values}, in input order: shape, axes,
     starts...): the output's shape depends on them, not only on the inputs' shapes, so
     other values raise and the runtime redoes the node through the kernel.  Inputs given
     as attributes (older opsets) are not passed.  A constant (frozen, see is_frozen)
-    found equal is not read again."""
+    found equal is not read again.  A recorded value None stands for an omitted input
+    (None among the arguments; see KernelBase.omitted_inputs_as_none)."""
     names, recorded = tuple(guards), tuple(guards.values())
-    seen = [None] * len(names)  # per input: the constant last found equal
+    # per input: the constant last found equal (None for an omitted one: passes as is)
+    seen = [None if r is None else _UNSEEN for r in recorded]
 
     def check(j, got):
-        if got.tolist() != recorded[j]:
-            raise ValueError(f"{op}: {names[j]} {got.tolist()} is not the compiled {recorded[j]}")
+        if got is None or recorded[j] is None or got.tolist() != recorded[j]:
+            shown = None if got is None else got.tolist()
+            raise ValueError(f"{op}: {names[j]} {shown} is not the compiled {recorded[j]}")
         if is_frozen(got):
             seen[j] = got
 
