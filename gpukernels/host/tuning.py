@@ -207,11 +207,14 @@ _ENTRIES = (
     Entry("copy.thread_min_bytes", 4 * _MiB, "bytes",
           "host copies (copy_array) from this size on are split over the host threads", _CHOSEN),
     Entry("copy.thread_bytes", _MiB, "bytes", "bytes per thread of a split host copy", _CHOSEN),
-    Entry("elementwise.thread_min_elems", 1 << 16, "elements",
+    Entry("elementwise.thread_min_elems", 1 << 18, "elements",
           "each host thread's least share of an elementwise chain (Gelu, the logistic family, "
           "their Conv epilogues) split over the threads",
           _on_vm("Gelu's 18-call chain, 2 threads against 1: 64 Ki elements each 1.15x faster, "
-                 "128 Ki 1.6x, 600 Ki 2x; 32 Ki each 0.8x (the GIL changes hands at every call)")),
+                 "128 Ki 1.6x, 600 Ki 2x; 32 Ki each 0.8x (the GIL changes hands at every call); "
+                 "on a 2-vCPU AVX-512 EPYC VM whose hand-off to a pool thread costs 64 us at "
+                 "best, 300 us median, medians 2 threads against 1: Gelu 128 Ki elements each "
+                 "0.88x, 256 Ki 1.17x; Sigmoid 64 Ki 0.70x, 128 Ki 0.93x, 256 Ki 1.15x")),
     # ------------------------------------------------------------ math/activations.py
     Entry("logistic.block_elems", 1 << 16, "elements",
           "block of the host Sigmoid/Swish/HardSigmoid/HardSwish/Mish pass: the block and its "

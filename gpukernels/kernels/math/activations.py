@@ -313,21 +313,25 @@ _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 # g(x) = atanh(erf(x / sqrt 2)), approximated as g(x) = x * P(z) / Q(z), z = min(x^2, 1e4),
 # P cubic and Q monic cubic: a weighted least-squares (Lawson) fit on |x| <= 6 of the float64
 # g, each point weighted by its effect on erf (x * sech(g)^2); fitted error 4e-9 in erf.
+# exp(-2 g) is evaluated as exp2 of -2 log2(e) g, the factor folded into P's coefficients
+# (rounded once to float32 either way, so no extra rounding step): NumPy's float32 exp2
+# takes half the time of its exp (133K elements: 12 against 25 us on an AVX-512 EPYC).
 # Measured in float32 against float64 on 7e5 points of [-12, 12]: relative error <= 3.1e-7
 # for x >= -1 and <= 2.5e-6 on [-3, -1] (no 1 + erf cancellation), absolute <= 5.4e-7 (the
 # former rational erf: 8e-5 on [-3, -1], 1.2e-6 absolute).  The large-|x| tails saturate
-# through exp: x / (1 + inf) = -0 and x / (1 + 0) = x.  18 in-place ufunc calls per block.
+# through exp2: x / (1 + inf) = -0 and x / (1 + 0) = x.  18 in-place ufunc calls per block.
 _GELU_P = (20064.30513059213, 2484.119269651739, 188.2809829766163, 4.770953939984689)
 _GELU_Q = (25146.876477614733, 1968.199399786798, 147.50310082960888)  # + z^3
+_GELU_PC = tuple(np.float32(-2.0 * math.log2(math.e) * c) for c in _GELU_P)  # -2 log2(e) g(x)
+_GELU_QC = tuple(np.float32(c) for c in _GELU_Q)
+_GELU_SCRATCH = threading.local()  # .zq: each host thread's two scratch blocks, kept
 
 
 def _gelu_erf_f32(xp, x, kernel=None):
     """0.5 x (1 + erf(x / sqrt 2)) of a float32 array in one pass of _gelu_block (the
     reference); on the host, block by block over the host threads (the specialisation
     ``Gelu.blocks``, chosen through kernel)."""
-    f = np.float32
-    pc = [f(-2.0 * c) for c in _GELU_P]  # -2 g(x) directly
-    qc = [f(c) for c in _GELU_Q]
+    pc, qc = _GELU_PC, _GELU_QC
     flat = xp.ascontiguousarray(x).reshape(-1)
     fast = kernel.specialized("Gelu.blocks", flat) if kernel is not None else None
     if fast is not None:
@@ -347,12 +351,12 @@ def _gelu_erf_f32_host_blocked(flat, pc, qc):
     n = flat.size
     out = host_empty(flat.shape, flat.dtype)
     block = max(1, min(n, tuning.value("gelu.block_elems")))
-    scratch = threading.local()  # two blocks of scratch per thread
 
     def one(lo, hi):
-        if not hasattr(scratch, "zq"):
-            scratch.zq = np.empty((2, block), np.float32)
-        zq = scratch.zq
+        # kept from call to call (a fresh 1 MiB scratch is page-faulted in on every call)
+        zq = getattr(_GELU_SCRATCH, "zq", None)
+        if zq is None or zq.shape[1] < hi - lo:
+            zq = _GELU_SCRATCH.zq = np.empty((2, block), np.float32)
         _gelu_block(np, flat[lo:hi], out[lo:hi], zq[0, :hi - lo], zq[1, :hi - lo], pc, qc)
 
     with np.errstate(over="ignore", invalid="ignore"):
@@ -378,7 +382,7 @@ def _gelu_block(xp, xb, p, z, q, pc, qc):
     q += qc[0]
     p /= q
     p *= xb
-    xp.exp(p, out=p)
+    xp.exp2(p, out=p)
     p += f(1)
     xp.divide(xb, p, out=p)
 
