@@ -286,7 +286,8 @@ def _depthwise_nd_host(x, w, b, strides, pads, dilations, O, epilogue=None, memo
 @specialize("Conv.depthwise", device="cpu", ops=("Conv",), when=lambda x, w: x.ndim == 4,
             agreement="rtol 1e-5 (float32): per-channel (multiplier x taps) @ (taps x pixels) "
                       "products over zero-bordered scratch (the bias in the product), "
-                      "(outputs x inputs) products for planes no larger than the kernel, or "
+                      "(outputs x inputs) products for planes no larger than the kernel, "
+                      "row Toeplitz products for narrow planes (the bias in the product), or "
                       "channels-last tap products summed by add.reduce (the bias last) "
                       "sum the taps in another order")
 def _depthwise_2d_host(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None):
