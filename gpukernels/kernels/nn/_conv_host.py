@@ -685,9 +685,15 @@ def use_tap_products(C, M, strides, O, K, dilations) -> bool:
     """Tap products (conv2d_taps) for unit strides when the output has few channels
     next to the input's (the im2col copy is then most of the cost) and the rows are long
     enough for efficient products; measured on a 2-core AVX-512 host (128 -> 32 channels
-    at 56x56: 1.5x faster; 64 -> 64: 10% slower)."""
+    at 56x56: 1.5x faster; 64 -> 64: 10% slower).  Not for 64 output channels or more on
+    planes of fewer than 1024 wide-row pixels, where the nine small products cost more
+    than the columns: 3x3 kernels, dilations 1 and 2, against conv2d_windows on a 2-vCPU
+    AVX-512 EPYC VM (best of three alternating runs), 128 -> 64 channels at 8x8 to 32x32
+    1.05-1.54x slower, 256 -> 64 at 8x8 to 16x16 1.06-1.46x, 256 -> 128 1.12-1.40x;
+    with 16-32 output channels the taps stay 0.4-0.9x there."""
     wide = O[0] * (O[1] + (K[1] - 1) * dilations[1])
-    return tuple(strides) == (1, 1) and wide >= 128 and (2 * M <= C or (M <= 32 and C >= 64))
+    return tuple(strides) == (1, 1) and wide >= 128 and (2 * M <= C or (M <= 32 and C >= 64)) \
+        and (M <= 32 or wide >= 1024)
 
 
 def conv2d_taps(x, w, b, pads, dilations, O, epilogue=None):

@@ -54,7 +54,8 @@ def test_taps_double_and_noncontiguous(rng):
     np.testing.assert_allclose(y, ref_conv(x, w, b, (1, 1), (1, 0, 2, 1), (1, 1)), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("C, M, taps", [(128, 32, True), (64, 32, True), (256, 64, True),
+@pytest.mark.parametrize("C, M, taps", [(128, 32, True), (64, 32, True), (256, 16, True),
+                                        (256, 64, False),  # 64 outputs on a small plane: columns
                                         (64, 64, False), (32, 32, False), (256, 256, False)])
 def test_conv_chooses_taps_and_agrees_with_columns(C, M, taps, rng, monkeypatch):
     x = rng.standard_normal((1, C, 14, 14)).astype(np.float32)
@@ -68,6 +69,17 @@ def test_conv_chooses_taps_and_agrees_with_columns(C, M, taps, rng, monkeypatch)
     cols = conv_host.conv2d(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), (14, 14))
     np.testing.assert_allclose(y, cols, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(y, ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1)), rtol=1e-4, atol=1e-3)
+
+
+def test_tap_products_rule():
+    rule = conv_host.use_tap_products
+    assert rule(128, 32, (1, 1), (56, 56), (3, 3), (1, 1))      # few outputs, a large plane
+    assert rule(128, 32, (1, 1), (12, 12), (3, 3), (1, 1))      # 16-32 outputs: any plane
+    assert rule(128, 64, (1, 1), (32, 32), (3, 3), (1, 1))      # 64 outputs: 1088 wide pixels
+    assert not rule(128, 64, (1, 1), (16, 16), (3, 3), (1, 1))  # 64 outputs on 288: columns
+    assert not rule(512, 256, (1, 1), (8, 8), (3, 3), (1, 1))
+    assert not rule(128, 32, (2, 2), (28, 28), (3, 3), (1, 1))  # strided
+    assert not rule(64, 64, (1, 1), (56, 56), (3, 3), (1, 1))   # as many outputs as inputs
 
 
 # ------------------------------------------ taps that read only padding (_conv_host.trim_taps)
