@@ -167,7 +167,8 @@ _ENTRIES = (
                  "2x64x16x16 3x3 convolutions (1 thread)")),
     Entry("conv.depthwise_plane_bytes", 16 * _MiB, "bytes",
           "host depthwise Conv: largest per-node set of (inputs x outputs) plane matrices "
-          "(depthwise_plane_products, kept per constant weight): memory against the tap paths",
+          "(depthwise_plane_products) or row Toeplitz matrices (depthwise_row_toeplitz), "
+          "kept per constant weight: memory against the tap paths",
           "chosen: mobilenet/efficientnet/convnext-sized planes up to a 1152-channel 7x7 one "
           "(11 MiB) fit; larger ones use the tap paths"),
     Entry("conv.host_fold_pixels", 2304, "output pixels per image",

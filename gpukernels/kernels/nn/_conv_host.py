@@ -257,6 +257,14 @@ def scratch_flat(count, dtype) -> np.ndarray:
     return buf[:nbytes].view(dtype)
 
 
+def bounded_scratch(count, dtype) -> np.ndarray:
+    """An uninitialised 1-D scratch: the per-thread buffer (scratch_flat) while it stays
+    within conv.host_cols_bytes, else a fresh array (not kept)."""
+    if count * np.dtype(dtype).itemsize <= tuning.value("conv.host_cols_bytes"):
+        return scratch_flat(count, dtype)
+    return np.empty(count, dtype)
+
+
 def tap_groups(k, s, d):
     """The kernel taps along one axis grouped by the phase they read: (phase r, first tap,
     tap step, tap count, first offset q0, offset step) with tap t reading phase-image

@@ -27,12 +27,12 @@ import numpy as np
 
 from ...host import host_blocks, tuning
 from ._conv_host import (
+    bounded_scratch,
     copy_regions,
     derived,
     kept_planes,
     output_array,
     phase_regions,
-    scratch_flat,
     tap_groups,
 )
 from ._depthwise_toeplitz import depthwise_row_toeplitz, use_row_toeplitz
@@ -82,7 +82,7 @@ def depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue=None, mem
     zs = z.strides
     R = Wo * C  # one output row, the channels last
     rows = T + (b is not None)
-    flat = _scratch(rows * N * Ho * R + N * Ho * R, dtype)
+    flat = bounded_scratch(rows * N * Ho * R + N * Ho * R, dtype)
     terms = flat[:rows * N * Ho * R].reshape(rows, N, Ho, R)  # every tap's products, the bias
     wt = derived(memo, ("nhwc", dtype.str, Wo), w, b, lambda w, b: _tiled_along_rows(w, b, dtype, Wo))
     if b is not None:
@@ -114,14 +114,6 @@ def _tiled_along_rows(w, b, dtype, Wo):
     if b is not None:
         np.copyto(wt[T], b.astype(dtype, copy=False))
     return wt.reshape(-1, 1, 1, Wo * C)
-
-
-def _scratch(count, dtype) -> np.ndarray:
-    """An uninitialised 1-D scratch: the per-thread buffer (_conv_host.scratch_flat) while it
-    stays within conv.host_cols_bytes, else a fresh array (not kept)."""
-    if count * np.dtype(dtype).itemsize <= tuning.value("conv.host_cols_bytes"):
-        return scratch_flat(count, dtype)
-    return np.empty(count, dtype)
 
 
 _PLANE_MATRIX_MAX = 1 << 14  # entries of one channel's (inputs x outputs) matrix
@@ -204,7 +196,7 @@ def depthwise_plane_products(x, w, b, strides, pads, dilations, O, epilogue=None
     A = derived(memo, ("plane", dtype.str) + geometry, w, None,
                 lambda w, b: _channel_matrices(w, dtype, C, m, geometry))
     planes = x.reshape(N, C, P).transpose(1, 0, 2)  # (C, N, P)
-    prod = _scratch(C * N * m * Q, dtype).reshape(C, N, m * Q)
+    prod = bounded_scratch(C * N * m * Q, dtype).reshape(C, N, m * Q)
     np.matmul(planes, A, out=prod)
     prod = prod.reshape(C, N, m, Q)
     if b is not None:
@@ -261,7 +253,7 @@ def depthwise_2d(x, w, b, strides, pads, dilations, O, epilogue=None, memo=None)
     Wq = _tap_layout(H, W, kh, kw, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))[1]
     if use_channels_last_taps(N, C, m, kh * kw, H, W, Ho, Wo, Wq):
         return depthwise_taps_nhwc(x, w, b, strides, pads, dilations, O, epilogue, memo)
-    if (use_row_toeplitz(H, W, kh, kw, strides, pads, dilations, O)
+    if (use_row_toeplitz(H, W, kh, kw, strides, pads, dilations, O, w.shape[0] * x.dtype.itemsize)
             and derived(memo, "finite", w, None, _finite_weights)
             and _all_finite(x)):
         return depthwise_row_toeplitz(x, w, b, strides, pads, dilations, O, epilogue, memo)
@@ -345,7 +337,7 @@ def depthwise_tap_products(x, w, b, strides, pads, dilations, O, epilogue=None, 
 
     def block(c0, c1):
         k = c1 - c0
-        flat = _scratch(k * (Tc + m) * L, dtype)
+        flat = bounded_scratch(k * (Tc + m) * L, dtype)
         taps = flat[:k * Tc * L].reshape(k, Tc, L)
         t5 = taps[:, :T].reshape(k, kh, kw, N, P)
         for ki, kj, rh, rw, ni, nj, start, row_step, col_step in copies:
@@ -500,7 +492,7 @@ def depthwise_row_taps(x, w, b, strides, pads, dilations, O, epilogue=None, memo
 
     def block(c0, c1):
         k = c1 - c0
-        flat = _scratch(k * (Tc + m) * L, dtype)
+        flat = bounded_scratch(k * (Tc + m) * L, dtype)
         taps = flat[:k * Tc * L].reshape(k, Tc, L)
         t5 = taps[:, :T].reshape(k, kw, kh, N, P)
         for offset, view_strides, js, is_ in lay.copies:

@@ -21,7 +21,7 @@ import functools
 import numpy as np
 
 from ...host import tuning
-from ._conv_host import derived, kept_planes, output_array, scratch_flat
+from ._conv_host import bounded_scratch, derived, kept_planes, output_array
 
 # the path while an output multiplies at most this many times the taps' terms (Wn / kw)
 _MAX_WASTE = 6
@@ -37,15 +37,19 @@ def toeplitz_geometry(H, W, kh, kw, strides, pads, dilations, O):
     return Hn, Wn, max(0, min(H, Hn - pads[0])), max(0, min(W, Wn - pads[1]))
 
 
-def use_row_toeplitz(H, W, kh, kw, strides, pads, dilations, O) -> bool:
+def use_row_toeplitz(H, W, kh, kw, strides, pads, dilations, O, channel_bytes=0) -> bool:
     """Whether depthwise_row_toeplitz beats the tap paths: an output's row of kh * Wn
-    terms at most _MAX_WASTE times the kernel's taps.  Measured against
+    terms at most _MAX_WASTE times the kernel's taps, and the matrices (channel_bytes per
+    entry of one channel's: output channels x item size) within conv.depthwise_plane_bytes
+    (they are kept per node, as the plane products' are).  Measured against
     depthwise_2d's previous choice (float32, bias, 2 BLAS threads, best of 200 calls
     on a 2-vCPU AVX-512 EPYC VM): ConvNeXt's 2x32x16x16 7x7 163 -> 63 us, 2x240x14x14
     5x5 441 -> 254, 2x72x24x24 5x5 367 -> 232, 2x120x12x12 5x5 187 -> 97, 2x96x12x12
     3x3 69 -> 54; even at 8.7x (2x144x24x24 3x3 321 against 314), slower at 16.7x
     (2x48x48x48 3x3 315 against 448)."""
     Wn = toeplitz_geometry(H, W, kh, kw, tuple(strides), tuple(pads[:2]), tuple(dilations), tuple(O))[1]
+    if channel_bytes * (kh * Wn + 1) * O[1] > tuning.value("conv.depthwise_plane_bytes"):
+        return False
     return Wn <= _MAX_WASTE * kw
 
 
@@ -97,7 +101,7 @@ def depthwise_row_toeplitz(x, w, b, strides, pads, dilations, O, epilogue=None, 
     cb = max(1, min(C, tuning.value("depthwise.cache_block_bytes") // per_channel))
     for c0 in range(0, C, cb):
         k = min(C, c0 + cb) - c0
-        flat = scratch_flat(k * R * (Kc + m * Wo), dtype)
+        flat = bounded_scratch(k * R * (Kc + m * Wo), dtype)
         left = flat[:k * R * Kc].reshape(k, N, Ho, Kc)
         # (channel, image, output row, kernel row, padded column): overlapping runs of z
         windows = np.ndarray((k, N, Ho, kh, Wn), dtype, z, c0 * zs[1],

@@ -77,6 +77,16 @@ def test_toeplitz_chosen_for_narrow_planes_only():
     assert not rule(48, 48, 3, 3, (2, 2), (1, 1), (1, 1), (24, 24))
 
 
+def test_toeplitz_matrices_bytes_follow_the_tuning_entry(tuning):
+    rule = toeplitz.use_row_toeplitz
+    geometry = (16, 16, 7, 7, (1, 1), (3, 3), (1, 1), (16, 16))
+    assert rule(*geometry, 1024 * 4)  # 1024 float32 channels: 155 x 16 entries each, 9.7 MiB
+    assert not rule(*geometry, 2048 * 4)  # 19.4 MiB: past the 16 MiB default
+    tuning({"conv.depthwise_plane_bytes": 1 << 20})
+    assert not rule(*geometry, 1024 * 4)
+    assert rule(*geometry, 64 * 4)
+
+
 @pytest.mark.parametrize("case", [((2, 16, 16, 16), (7, 7), (3, 3, 3, 3), True),
                                   ((2, 96, 12, 12), (3, 3), (1, 1, 1, 1), True),
                                   ((2, 8, 40, 40), (3, 3), (1, 1, 1, 1), False)])
