@@ -271,13 +271,18 @@ def test_plane_matrices_bytes_follow_the_tuning_entry(tuning):
 
 
 @pytest.mark.parametrize("where", ["x_inf", "x_nan", "w_inf"])
-def test_plane_products_left_for_non_finite_values(where, rng):
-    xs, ks, strides, pads = (2, 6, 6, 6), (5, 5), (2, 2), (2, 2, 2, 2)
+@pytest.mark.parametrize("geometry", [((2, 6, 6, 6), (5, 5), (2, 2), (2, 2, 2, 2)),         # plane products
+                                      ((2, 32, 12, 12), (5, 5), (1, 1), (2, 2, 2, 2))])  # row Toeplitz
+def test_dense_products_left_for_non_finite_values(where, geometry, rng):
+    """The plane and row Toeplitz products multiply structural zeros: a non-finite input
+    or weight sends depthwise_2d to the tap paths, which put NaN and inf where the
+    reference has them."""
+    xs, ks, strides, pads = geometry
     x, w, _ = make(rng, xs, 1, ks, np.float32)
     if where == "x_inf":
-        x[0, 1, 0, 5] = np.inf
+        x[0, 1, 0, xs[3] - 1] = np.inf
     elif where == "x_nan":
-        x[1, 2, 5, 0] = np.nan
+        x[1, 2, xs[2] - 1, 0] = np.nan
     else:
         w[3, 0, 0, 0] = np.inf  # reads padding in the first output row
     O = out_shape(xs, ks, strides, pads, (1, 1))

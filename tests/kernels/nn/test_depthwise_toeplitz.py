@@ -3,8 +3,9 @@ float64 loop reference on random inputs: unit strides, strides 2 and 3, dilation
 asymmetric pads, pads larger than the kernel, trailing input rows no output reads,
 multipliers, batches 1-3, float32 and float64, with and without bias, non-contiguous
 inputs, blocks of one channel; the choice (depthwise_2d) for narrow planes and not for
-wide ones; non-finite values left to the tap paths; fused epilogues bit for bit; the
-matrices kept only for constant weights; the kept scratch across geometries."""
+wide ones; the matrices kept only for constant weights and within their byte budget;
+the kept scratch across geometries.  Non-finite values (left to the tap paths) and fused
+epilogues: test_depthwise_s8.py and test_depthwise_host.py."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 
 from gpukernels.kernels.nn import _depthwise_host as depthwise_host
 from gpukernels.kernels.nn import _depthwise_toeplitz as toeplitz
-from gpukernels.kernels.nn._conv_host import ConstantMemo, finish
-from tests.kernels.nn.test_depthwise_host import EPILOGUES, epilogue_of, make, out_shape, ref_depthwise, tolerance
+from gpukernels.kernels.nn._conv_host import ConstantMemo
+from tests.kernels.nn.test_depthwise_host import make, out_shape, ref_depthwise, tolerance
 
 pytestmark = pytest.mark.usefixtures("default_paths")
 
@@ -89,6 +90,8 @@ def test_toeplitz_matrices_bytes_follow_the_tuning_entry(tuning):
 
 @pytest.mark.parametrize("case", [((2, 16, 16, 16), (7, 7), (3, 3, 3, 3), True),
                                   ((2, 96, 12, 12), (3, 3), (1, 1, 1, 1), True),
+                                  ((2, 32, 12, 12), (5, 5), (2, 2, 2, 2), True),  # test_depthwise_s8's
+                                  ((2, 6, 12, 12), (5, 5), (2, 2, 2, 2), False),  # few channels: nhwc
                                   ((2, 8, 40, 40), (3, 3), (1, 1, 1, 1), False)])
 def test_depthwise_2d_takes_toeplitz_where_the_rule_says(case, rng, monkeypatch):
     xs, ks, pads, expected = case
@@ -100,47 +103,6 @@ def test_depthwise_2d_takes_toeplitz_where_the_rule_says(case, rng, monkeypatch)
     y = depthwise_host.depthwise_2d(x, w, b, (1, 1), pads, (1, 1), O)
     np.testing.assert_allclose(y, ref_depthwise(x, w, b, (1, 1), pads, (1, 1)), rtol=1e-5, atol=1e-5)
     assert bool(taken) == expected
-
-
-@pytest.mark.parametrize("where", ["x_inf", "x_nan", "w_inf"])
-def test_non_finite_values_leave_toeplitz(where, rng, monkeypatch):
-    """A band's zero times an infinite input would be NaN where the reference reads no
-    such pixel: depthwise_2d sends non-finite inputs and weights to the tap paths, which
-    put NaN and inf where the reference has them."""
-    xs, ks, pads = (2, 6, 12, 12), (5, 5), (2, 2, 2, 2)
-    x, w, _ = make(rng, xs, 1, ks, np.float32)
-    if where == "x_inf":
-        x[0, 1, 3, 11] = np.inf
-    elif where == "x_nan":
-        x[1, 2, 0, 4] = np.nan
-    else:
-        w[3, 0, 0, 0] = np.inf  # reads padding in the first output row
-    taken = []
-    real = depthwise_host.depthwise_row_toeplitz
-    monkeypatch.setattr(depthwise_host, "depthwise_row_toeplitz", lambda *a: taken.append(1) or real(*a))
-    O = out_shape(xs, ks, (1, 1), pads, (1, 1))
-    with np.errstate(invalid="ignore"):
-        y = depthwise_host.depthwise_2d(x, w, None, (1, 1), pads, (1, 1), O)
-        want = ref_depthwise(x, w, None, (1, 1), pads, (1, 1))
-    assert not taken
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
-    assert np.array_equal(np.isnan(y), np.isnan(want)) and np.array_equal(np.isinf(y), np.isinf(want))
-    assert not np.isfinite(want).all()
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("act", list(EPILOGUES))
-def test_toeplitz_fused_epilogue_bit_for_bit(act, dtype, rng):
-    x, w, b, strides, pads, dil, O = run_case(CASES[4], dtype, rng)
-    x *= 3  # values on both sides of the clip bounds
-    ep = epilogue_of(act, dtype)
-    run = toeplitz.depthwise_row_toeplitz
-    for bias in (b, None):
-        plain = run(x, w, bias, strides, pads, dil, O)
-        fused = run(x, w, bias, strides, pads, dil, O, ep)
-        after = finish(plain.copy(), ep)
-        np.testing.assert_array_equal(fused.view(np.uint8), after.view(np.uint8))
-        assert not np.array_equal(fused, plain)
 
 
 def frozen(a):
