@@ -133,6 +133,23 @@ def _strided_dense(op, a, axis, s, O, offsets, plan, fill, buf):
     return res
 
 
+def _inside_2d(op, a, geo, rows, dst):
+    """dst = op over every 2-D window of a (NC, H, W) when every window lies inside a (no
+    padding, no ceil_mode overhang): the kernel rows' strided row views reduced into rows
+    (NC, Ho, W) -- each a run of whole rows -- then the kernel columns' strided views of
+    rows into dst, taps in order (the passes and the order of _strided_flat and
+    _strided_dense, so the same maxima and sums, without their edge outputs,
+    de-interleaved phases and every-row windows).  MaxPool 2x2 stride 2 on 2x16x96x96:
+    171 -> 87 us (a Session run against the two passes alone, 2-vCPU AVX-512 EPYC VM)."""
+    (kh, kw), (sh, sw), (dh, dw), (Ho, Wo) = geo.kernel, geo.strides, geo.dilations, geo.out
+    views = [a[:, i * dh:i * dh + sh * (Ho - 1) + 1:sh] for i in range(kh)]
+    if kh > 1:
+        _reduce_views(op, views, rows)
+        views = [rows]
+    r = views[0]
+    _reduce_views(op, [r[:, :, j * dw:j * dw + sw * (Wo - 1) + 1:sw] for j in range(kw)], dst)
+
+
 def _dense(S, s, O, inner) -> bool:
     """Whether a non-last axis takes _strided_dense: stride 2 over short rows (it reads
     each row twice as often; measured faster for rows up to some hundreds of items),
@@ -190,6 +207,15 @@ def pool_strided(x2, geo, op, fill):
     out = host_empty((NC,) + tuple(O), dtype, pooled)
     per = max(1, sp.prod(S) * dtype.itemsize)
     step = min(NC, max(1, tuning.value("pool.host_block_bytes") // per))
+    if n_sp == 2 and not any(len(p[2]) for p in plans):  # every window inside the input
+        def run_inside(lo, hi):
+            rows = host_empty(step * O[0] * S[1], dtype, pooled)  # per thread, reused by its blocks
+            for a in range(lo, hi, step):
+                b = min(hi, a + step)
+                _inside_2d(op, x2[a:b], geo, rows[:(b - a) * O[0] * S[1]].reshape(b - a, O[0], S[1]), out[a:b])
+
+        parallel_ranges(NC, max(step, -(-tuning.value("pool.host_thread_bytes") // per)), run_inside)
+        return out
     order = sorted(range(n_sp - 1), key=lambda d: O[d] / max(1, S[d])) + [n_sp - 1]
     # axes taken by _strided_flat (given a contiguous block), with Q = S // s outputs
     flat = [S[d] % geo.strides[d] == 0 and O[d] <= S[d] // geo.strides[d] for d in range(n_sp)]

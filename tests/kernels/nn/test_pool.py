@@ -177,8 +177,17 @@ STRIDED_CASES = [
     ((1, 1, 5, 6, 7), [2, 2, 4], [3, 1, 3], [0, 0, 2, 1, 1, 1], [1, 1, 1], 1),
     ((1, 1, 3, 10), [20, 3], [1, 2], [17, 1, 17, 1], [1, 1], 0),  # many edge outputs: window path
     ((70, 3, 20, 22), [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0),  # several channel blocks
+    # every window inside the input (_pool_host._inside_2d): UNet's 2x2 stride 2, a kernel
+    # row or column of one tap, strides unlike the kernel, dilations, several blocks
+    ((2, 4, 16, 16), [2, 2], [2, 2], [0, 0, 0, 0], [1, 1], 0),
+    ((1, 3, 11, 14), [3, 2], [2, 3], [0, 0, 0, 0], [2, 1], 0),
+    ((1, 2, 9, 9), [1, 3], [1, 2], [0, 0, 0, 0], [1, 1], 0),
+    ((1, 2, 9, 9), [3, 1], [2, 1], [0, 0, 0, 0], [1, 1], 0),
+    ((1, 2, 7, 7), [1, 1], [2, 3], [0, 0, 0, 0], [1, 1], 1),
+    ((40, 3, 20, 22), [2, 2], [2, 2], [0, 0, 0, 0], [1, 1], 0),
 ]
 WINDOW_ONLY = STRIDED_CASES[18]  # 'Pool.windows' declines it: too many edge outputs
+INSIDE = STRIDED_CASES[20:]  # every window inside the input: _pool_host._inside_2d
 
 
 def _strided_attrs(K, strides, pads, dilations, ceil_mode):
@@ -221,7 +230,7 @@ def test_average_pool_strided(device, path, rng, sites_taken, case, include_pad)
     np.testing.assert_allclose(y, pool(x, "avg", K, s, p, d, cm, include_pad)[0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", [STRIDED_CASES[i] for i in (1, 6, 12, 16)])
+@pytest.mark.parametrize("case", [STRIDED_CASES[i] for i in (1, 6, 12, 16, 20, 21)])
 def test_max_pool_strided_nan(device, path, rng, case):
     """A NaN anywhere in a window gives NaN (as np.maximum does), not only a leading one."""
     shape, K, s, p, d, cm = case
@@ -231,8 +240,28 @@ def test_max_pool_strided_nan(device, path, rng, case):
     np.testing.assert_array_equal(y, pool(x, "max", K, s, p, d, cm)[0].astype(np.float32))
 
 
+@pytest.mark.parametrize("case", STRIDED_CASES)
+def test_inside_windows_take_the_two_pass_path(rng, monkeypatch, case):
+    """2-D geometries whose every window lies inside the input (no padding, no ceil_mode
+    overhang) take _inside_2d, the others do not."""
+    from gpukernels.kernels.nn import _pool_host
+
+    calls = []
+    real = _pool_host._inside_2d
+    monkeypatch.setattr(_pool_host, "_inside_2d", lambda *a: calls.append(1) or real(*a))
+    shape, K, s, p, d, cm = case
+    x = _nonzero(rng, shape)
+    y = _pool_kernel(MaxPool, "cpu", "auto")(x, **_strided_attrs(K, s, p, d, cm)).Y.numpy()
+    np.testing.assert_array_equal(y, pool(x, "max", K, s, p, d, cm)[0].astype(np.float32))
+    O = y.shape[2:]
+    inside = len(K) == 2 and not any(p) and all(s[i] * (O[i] - 1) + (K[i] - 1) * d[i] < shape[2 + i] for i in range(2))
+    assert bool(calls) == inside, case
+    if case in INSIDE:
+        assert inside
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
-@pytest.mark.parametrize("case", [STRIDED_CASES[i] for i in (0, 1, 7, 9, 15)])
+@pytest.mark.parametrize("case", [STRIDED_CASES[i] for i in (0, 1, 7, 9, 15, 20)])
 def test_max_pool_strided_int8(device, path, rng, dtype, case):
     shape, K, s, p, d, cm = case
     info = np.iinfo(dtype)
