@@ -224,17 +224,18 @@ def conv2d(x, w, b, strides, pads, dilations, O, epilogue=None):
 _SCRATCH = threading.local()  # per thread: "planes" (geometry -> zero-bordered phase images), "flat"
 
 
-def kept_planes(key, shape, dtype) -> np.ndarray:
-    """Zero-bordered phase-image scratch for one geometry (key), kept per thread: a call
-    writes only the data regions, so the padding stays zero for the next call of that
-    geometry.  The most recently used ones are kept, together at most
-    conv.host_cols_bytes (a larger one is not kept)."""
+def kept_planes(key, shape, dtype, fill=0) -> np.ndarray:
+    """Zero-bordered (or fill-bordered) phase-image scratch for one geometry (key), kept
+    per thread: a call writes only the data regions, so the padding keeps its value for
+    the next call of that geometry.  The most recently used ones are kept, together at
+    most conv.host_cols_bytes (a larger one is not kept)."""
     cache = getattr(_SCRATCH, "planes", None)
     if cache is None:
         cache = _SCRATCH.planes = {}
+    key = (key, fill) if fill != 0 else key
     z = cache.pop(key, None)
     if z is None:
-        z = np.zeros(shape, dtype)
+        z = np.zeros(shape, dtype) if fill == 0 else np.full(shape, fill, dtype)
         budget = tuning.value("conv.host_cols_bytes")
         if z.nbytes > budget:
             return z
@@ -520,14 +521,19 @@ class ConstantMemo:
         if kept is not None and kept[0] is w and kept[1] is b:
             return kept[2]
         value = make(w, b)
-        if is_frozen(w) and (b is None or is_frozen(b)):
+        if self.keeps(w, b):
             self._kept[kind] = (w, b, value)
         return value
+
+    @staticmethod
+    def keeps(w, b) -> bool:
+        """Whether what is derived from w and b is kept: both constants (b may be None)."""
+        return is_frozen(w) and (b is None or is_frozen(b))
 
 
 def _kept(memo, w, b) -> bool:
     """Whether what memo derives from w and b is kept (both constants, a memo given)."""
-    return memo is not None and is_frozen(w) and (b is None or is_frozen(b))
+    return memo is not None and memo.keeps(w, b)
 
 
 def derived(memo, kind, w, b, make):

@@ -14,13 +14,12 @@ is then copied into a kept border of -inf) take two passes of strided views inst
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from ...host import tuning
 from ...host import host_empty, parallel_ranges
 from ..specialize import specialize
+from ._conv_host import kept_planes
 from . import _spatial as sp
 
 # Tuning (host/tuning.py): blocks of pool.host_block_bytes (a block and its scratch
@@ -158,25 +157,14 @@ def _inside_2d(op, a, geo, rows, dst):
     _reduce_views(op, [r[:, :, j * dw:j * dw + sw * (Wo - 1) + 1:sw] for j in range(kw)], dst)
 
 
-_BORDERS = threading.local()  # .kept: each host thread's bordered scratch, by geometry
-
-
 def _bordered(block, Hn, Wn, top, left, fill, step):
     """The (n, Hn, Wn) padded planes of block (n, H, W): x's element (h, w) at (h + top,
-    w + left), fill elsewhere, in a scratch kept per thread and geometry (a call writes
-    only x's region: the border keeps its fill), room for step planes; the two most
-    recent geometries are kept."""
+    w + left), fill elsewhere, in a scratch kept per thread and geometry with room for
+    step planes (_conv_host.kept_planes: a call writes only x's region, the border keeps
+    its fill)."""
     n, H, W = block.shape
-    key = (block.dtype.str, step, Hn, Wn, top, left, H, W, float(fill))
-    kept = getattr(_BORDERS, "kept", None)
-    if kept is None:
-        kept = _BORDERS.kept = {}
-    z = kept.pop(key, None)
-    if z is None:
-        z = np.full((step, Hn, Wn), fill, block.dtype)
-        while len(kept) >= 2:
-            kept.pop(next(iter(kept)))
-    kept[key] = z  # last: the most recently used
+    z = kept_planes(("pool_border", block.dtype.str, step, Hn, Wn, top, left, H, W), (step, Hn, Wn),
+                    block.dtype, fill)
     h, w = max(0, min(H, Hn - top)), max(0, min(W, Wn - left))
     z[:n, top:top + h, left:left + w] = block[:, :h, :w]
     return z[:n]
