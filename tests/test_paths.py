@@ -255,6 +255,8 @@ CASES = {
              {"axis": -1}, 0, 0, (1e-4, 1e-4)),
         Case("RMSNormalization", lambda r: [_f32(r, 8, 50, 96, scale=2.0), _f32(r, 96)], {"axis": -1},
              0, 0, (1e-4, 1e-4), opset=23),
+        Case("InstanceNormalization", lambda r: [_f32(r, 2, 24, 300, scale=2.0) + 3, _f32(r, 24), _f32(r, 24)],
+             {"epsilon": 1e-3}, 0, 0, (1e-4, 1e-4)),
     ],
     "Pool.windows:pool_windows": [
         Case("MaxPool", lambda r: [_f32(r, 2, 8, 29, 31)], {"kernel_shape": [3, 3], "strides": [2, 2],
@@ -538,6 +540,8 @@ _BITWISE = [
     # (site, op, shapes): rows of 1..9000 columns (BLAS dots, pairwise sums past 8192)
     *[("LayerNormalization.rows", op, shape) for op in ("LayerNormalization", "RMSNormalization")
       for shape in ((3, 5), (8, 50, 96), (700, 257), (2, 65, 768), (9, 9000))],
+    *[("LayerNormalization.rows", "InstanceNormalization", shape)
+      for shape in ((2, 3), (2, 5, 7), (3, 40, 257), (2, 64, 3199), (1, 3, 9000))],
     *[("Softmax.along", op, shape) for op in ("Softmax", "LogSoftmax")
       for shape in ((2, 8, 64, 64), (50, 1100), (300, 7), (4, 9000))],
     *[("Elementwise.blocks", op, shape) for op in ("Erf",) for shape in ((5, 900), (5, 4099))],
@@ -557,6 +561,9 @@ def test_host_rows_are_bitwise_equal(site, op, shape, scale):
         inputs, attrs, opset = [_softmax_x(rng, shape, scale)], {"axis": -1}, None
     elif op == "Erf":
         inputs, attrs, opset = [_f32(rng, *shape, scale=scale / 10)], {}, None
+    elif op == "InstanceNormalization":
+        inputs = [_f32(rng, *shape, scale=2.0 * scale) + 3, _f32(rng, shape[1]), _f32(rng, shape[1])]
+        attrs, opset = {}, None
     else:
         _, inputs, attrs, opset = _ln_case(rng, shape, op)
         inputs[0] *= np.float32(scale)

@@ -225,16 +225,23 @@ class InstanceNormalization(KernelBase):
         return fn
 
     def _step(self, x: Tensor, s: Tensor, b: Tensor, epsilon) -> Tensor:
-        """The compute step after validation."""
+        """The compute step after validation: every (n, c) is a row of the spatial
+        positions, normalised by the LayerNormalization rows (_normalize_rows, on both
+        devices: row sums as BLAS dots, in place, over cache-sized row blocks on the host)
+        with the row's scale folded into its inverse standard deviation and its B added:
+        y = (x - mean) * (scale / sqrt(var + epsilon)) + B."""
         xp = self.xp
         xc = self.to_compute(x)
         dt = xc.dtype
-        axes = tuple(range(2, x.ndim))
-        shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-        mean, d, var = _moments(xp, xc, axes)
-        y = d * (self.to_compute(s, dt).reshape(shape) / xp.sqrt(var + dt.type(epsilon))) \
-            + self.to_compute(b, dt).reshape(shape)
-        return self.from_compute(y, x.data_type)
+        N, C = x.shape[:2]
+        D = math.prod(x.shape[2:])
+        if xc.size == 0:
+            return self.from_compute(xp.empty(xc.shape, dt), x.data_type)
+        rows = xp.ascontiguousarray(xc).reshape(N * C, D)
+        per_row = [xp.broadcast_to(self.to_compute(t, dt).reshape(1, C), (N, C)).reshape(N * C)
+                   for t in (s, b)]
+        y, _, _ = _normalize_rows(self, rows, epsilon, None, None, True, stats=False, row_params=per_row)
+        return self.from_compute(y.reshape(xc.shape), x.data_type)
 
 
 def _unidirectional(kernel, t, x, name):
@@ -419,28 +426,33 @@ def _rows_fast_path(kernel, sdt, cdt, norm_shape, s, b):
     return s_flat, b_flat
 
 
-def _normalize_rows(kernel, x2, eps, s_flat, b_flat, center, stats=True):
+def _normalize_rows(kernel, x2, eps, s_flat, b_flat, center, stats=True, row_params=None):
     """Row-wise normalisation of x2 (R, D): y = (x - mean) * invstd * s + b (center) or
     x * rsqrt(mean(x^2) + eps) * s, s and b of shape (D,) or (R, D) (the same values
     repeated over the rows: see _RowTiles).  Returns y (R, D), mean (R,) (None when not
     centering) and the inverse (R,); with stats False the caller wants y alone (a path
-    may then return None for both).  The reference is _normalize_block on all rows."""
+    may then return None for both).  row_params: (scale, bias) of shape (R,) instead,
+    one value per row (InstanceNormalization; s_flat and b_flat None): the scale is
+    folded into the row's inverse (inv is then returned scaled).  The reference is
+    _normalize_block on all rows."""
     fast = kernel.specialized("LayerNormalization.rows", x2)
     if fast is not None:
-        return fast(x2, eps, s_flat, b_flat, center, stats)
+        return fast(x2, eps, s_flat, b_flat, center, stats, row_params)
     xp = kernel.xp
     y = xp.empty(x2.shape, dtype=x2.dtype)
-    mean, inv = _normalize_block(xp, x2, y, eps, s_flat, b_flat, center, row_ones(xp, x2.shape[1], x2.dtype))
+    mean, inv = _normalize_block(xp, x2, y, eps, s_flat, b_flat, center, row_ones(xp, x2.shape[1], x2.dtype),
+                                 row_params)
     return y, mean, inv
 
 
-def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones):
+def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones, row_params=None):
     """Normalise the rows of xb (R, D) into yb (xb may be yb); returns (mean or None, inv).
 
     Every step works in place on the output or on the (R,) statistics (no temporaries).
     The row sums and sums of squares are BLAS dot products (``row_sums``/``row_dots``,
     pairwise beyond 8192 columns) on both devices: the host blocks run this same
-    function, so they agree with the reference bit for bit."""
+    function, so they agree with the reference bit for bit.  row_params: per-row
+    (scale, bias) of shape (R,) (see _normalize_rows)."""
     D = xb.shape[1]
     dt = xb.dtype
     inv_d = dt.type(1.0 / D) if D else dt.type(0)
@@ -455,6 +467,12 @@ def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones):
     inv *= inv_d
     inv += dt.type(eps)
     xp.sqrt(inv, out=inv)
+    if row_params is not None:  # y = (x - mean) * (scale / sqrt(var + eps)) + bias, per row
+        scale, bias = row_params
+        xp.divide(scale, inv, out=inv)
+        xp.multiply(yb, inv[:, None], out=yb)
+        xp.add(yb, bias[:, None], out=yb)
+        return mean, inv
     xp.divide(dt.type(1), inv, out=inv)
     xp.multiply(yb, inv[:, None], out=yb)
     xp.multiply(yb, s_flat, out=yb)
@@ -463,8 +481,9 @@ def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones):
     return mean, inv
 
 
-@specialize("LayerNormalization.rows", device="cpu", ops=("LayerNormalization", "RMSNormalization"))
-def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True):
+@specialize("LayerNormalization.rows", device="cpu",
+            ops=("LayerNormalization", "RMSNormalization", "InstanceNormalization"))
+def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True, row_params=None):
     """_normalize_rows on the host: _normalize_block over blocks of rows that fit in
     cache, over the host threads, into a reusable output buffer (the same values).  An
     input of one block goes straight from x2 into the output (the cheapest for the
@@ -476,7 +495,7 @@ def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True):
     ones = row_ones(np, D, dt)  # kept and read-only on the host
     step = max(1, tuning.value("norm.host_row_block_bytes") // max(1, D * dt.itemsize))  # host/tuning.py
     if R <= step:  # one block: no hand-out (its bookkeeping costs more than small rows)
-        mean, inv = _normalize_block(np, x2, y, eps, s_flat, b_flat, center, ones)
+        mean, inv = _normalize_block(np, x2, y, eps, s_flat, b_flat, center, ones, row_params)
         return y, mean, inv
     mean_all = np.empty((R,), dtype=dt) if center and stats else None
     inv_all = np.empty((R,), dtype=dt) if stats else None
@@ -487,9 +506,14 @@ def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True):
         # pass (measured ~18% faster than a read pass and a write pass); the statistics
         # are then the same sums of the same values
         yb[...] = x2[a:b]
-        sb = s_flat if s_flat.ndim == 1 else s_flat[a:b]  # flat, or tiled over the rows
-        bb = b_flat if b_flat is None or b_flat.ndim == 1 else b_flat[a:b]
-        m, iv = _normalize_block(np, yb, yb, eps, sb, bb, center, ones)
+        if row_params is None:
+            sb = s_flat if s_flat.ndim == 1 else s_flat[a:b]  # flat, or tiled over the rows
+            bb = b_flat if b_flat is None or b_flat.ndim == 1 else b_flat[a:b]
+            rb = None
+        else:
+            sb = bb = None
+            rb = (row_params[0][a:b], row_params[1][a:b])
+        m, iv = _normalize_block(np, yb, yb, eps, sb, bb, center, ones, rb)
         if mean_all is not None:
             mean_all[a:b] = m
         if inv_all is not None:

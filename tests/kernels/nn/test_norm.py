@@ -149,6 +149,49 @@ def test_instance_norm(device, rng, shape):
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
 
 
+def _instance_ref(x, s, b, eps):
+    """float64 InstanceNormalization: each (n, c) over its positions (rank 2: one value)."""
+    x64 = f64(x)
+    axes = tuple(range(2, x.ndim))
+    mean = x64.mean(axis=axes, keepdims=True) if axes else x64
+    var = ((x64 - mean) ** 2).mean(axis=axes, keepdims=True) if axes else np.zeros_like(x64)
+    sh = (1, -1) + (1,) * (x.ndim - 2)
+    return (x64 - mean) / np.sqrt(var + eps) * f64(s).reshape(sh) + f64(b).reshape(sh)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-5), (np.float64, 1e-12), (np.float16, 4e-3),
+                                       (ml_dtypes.bfloat16, 3e-2)])
+@pytest.mark.parametrize("shape", [(3, 4), (2, 64, 3199), (1, 3, 9000), (2, 5, 1, 1), (3, 7, 6, 5)])
+def test_instance_norm_rows(device, rng, dtype, tol, shape):
+    """The row path (LayerNormalization's rows, per-row scale folded into the inverse):
+    offset and scaled data, many-block and pairwise-sum rows, rank 2, every float type."""
+    x = (rng.standard_normal(shape) * 4 + 7).astype(dtype)
+    s, b, _, _ = params(rng, shape[1], dtype)
+    y = InstanceNormalization(KernelContext(device))(x, s, b, epsilon=1e-4).numpy()
+    assert y.dtype == np.dtype(dtype) and y.shape == shape
+    np.testing.assert_allclose(f64(y), _instance_ref(x, s, b, 1e-4), rtol=tol, atol=tol)
+
+
+def test_instance_norm_non_finite_and_empty(device, rng):
+    """A row with a NaN or an inf gives NaN there and nowhere else; empty spatial axes and
+    an empty batch give empty outputs."""
+    x = rng.standard_normal((2, 3, 10)).astype(np.float32)
+    x[0, 1, 4] = np.nan
+    x[1, 2, 0] = np.inf
+    s, b, _, _ = params(rng, 3)
+    with np.errstate(invalid="ignore"):  # inf - inf, as NumPy reports it
+        y = InstanceNormalization(KernelContext(device))(x, s, b).numpy()
+    bad = np.zeros((2, 3), bool)
+    bad[0, 1] = bad[1, 2] = True
+    assert np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all()
+    with np.errstate(invalid="ignore"):
+        want = _instance_ref(x, s, b, 1e-5)
+    np.testing.assert_allclose(y[~bad], want[~bad], rtol=2e-5, atol=2e-5)
+    for shape in ((2, 3, 0), (0, 3, 4)):
+        e = InstanceNormalization(KernelContext(device))(np.zeros(shape, np.float32), s, b).numpy()
+        assert e.shape == shape
+
+
 @pytest.mark.parametrize("shape,axis", [((4, 6), -1), ((2, 3, 5), 1), ((2, 3, 4, 5), -2), ((3, 4), 0),
                                         ((2, 2, 2, 2, 3), 2)])
 def test_layer_norm(device, rng, shape, axis):
