@@ -87,6 +87,9 @@ def functions_of(model: onnx.ModelProto) -> dict:
     """{(domain, name): FunctionDef} for the model's local functions."""
     out = {}
     for f in model.functions:
+        for what, text in (("domain", f.domain), ("name", f.name)):
+            if not isinstance(text, str):  # protobuf hands invalid UTF-8 back as bytes
+                raise ModelError(f"a model-local function's {what} is not valid UTF-8: {escape(text)}")
         defaults = {a.name: a for a in f.attribute_proto}
         for a in f.attribute:
             defaults.setdefault(a, None)

@@ -99,6 +99,22 @@ def test_non_utf8_op_type():
     _raises(data, "not valid UTF-8")
 
 
+@pytest.mark.parametrize("part", [b"fun.domain", b"callee"])
+def test_non_utf8_function_domain_or_name(part):
+    """A model-local function whose domain or name is not UTF-8 (protobuf hands it back
+    as bytes) is refused as such, not met by a TypeError when the calls are ordered."""
+    body = helper.make_node("Relu", ["a"], ["b"])
+    fns = [helper.make_function("fun.domain", name, ["a"], ["b"], [body], [helper.make_opsetid("", 17)])
+           for name in ("callee", "other")]
+    model = helper.make_model(helper.make_graph([helper.make_node("callee", ["x"], ["y"], domain="fun.domain")],
+                                                "g", [_vi("x")], [_vi("y")]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("fun.domain", 1)],
+                              functions=fns)
+    data = model.SerializeToString()
+    at = data.rfind(part)  # the last one: inside the functions (the graph's node comes first)
+    _raises(data[:at + 2] + b"\xff" + data[at + 3:], "function's", "not valid UTF-8")
+
+
 def test_deeply_nested_ifs_are_refused_without_recursion_error():
     """1,000 Ifs each inside the then_branch of the one before (built in place: protobuf
     itself refuses to parse such depth from bytes, a ModelProto can still hold it)."""
