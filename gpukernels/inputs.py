@@ -17,7 +17,7 @@ import numpy as np
 from .archive import DataError, max_tensor_bytes, read_npz, safe_name
 from .errors import ModelError
 
-__all__ = ["bundled_model_path", "random_inputs", "read_inputs", "plan_random_inputs"]
+__all__ = ["bundled_model_path", "index_bounds", "random_inputs", "read_inputs", "plan_random_inputs"]
 
 
 def bundled_model_path() -> Path:
@@ -80,11 +80,43 @@ def plan_random_inputs(session, dims: dict | None = None, max_bytes=_DEFAULT) ->
     return plan
 
 
+_INT_HIGH = 10  # random integers are drawn from [0, _INT_HIGH)
+# ops whose first output holds their first input's values (as far as index ranges go)
+_SAME_VALUES = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand"})
+
+
+def index_bounds(model) -> dict:
+    """{graph input: n} for integer inputs that reach the indices of a top-level Gather of
+    an initializer (directly or through ops that keep the values: Cast, Reshape...), n
+    the smallest size of a gathered axis: token ids of an embedding table, token type
+    ids of a two-row table.  Random integers are drawn below n there, so that the model
+    runs (an index past the table is an error, as it is in onnxruntime)."""
+    graph = model.graph
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    carries = {i.name: i.name for i in graph.input if i.name not in dims}  # value -> the input it carries
+    bounds = {}
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or not node.input or not node.output:
+            continue
+        if node.op_type in _SAME_VALUES and node.input[0] in carries:
+            carries[node.output[0]] = carries[node.input[0]]
+        elif node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in carries:
+            shape = dims.get(node.input[0])
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if shape and -len(shape) <= axis < len(shape) and shape[axis] > 0:
+                name = carries[node.input[1]]
+                bounds[name] = min(bounds.get(name, shape[axis]), shape[axis])
+    return bounds
+
+
 def random_inputs(session, seed: int, dims: dict | None = None, max_bytes=_DEFAULT) -> dict:
     """Seeded random feeds for every declared input: normal floats, small non-negative
-    integers, random booleans, strings from a, b, c; every input is checked (see
-    plan_random_inputs) before any is drawn."""
+    integers (below the size of the table they index, see index_bounds), random
+    booleans, strings from a, b, c; every input is checked (see plan_random_inputs)
+    before any is drawn."""
     plan = plan_random_inputs(session, dims, max_bytes)
+    model = getattr(session, "model", None)
+    bounds = index_bounds(model) if model is not None else {}
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, shape, info in plan:
@@ -93,7 +125,7 @@ def random_inputs(session, seed: int, dims: dict | None = None, max_bytes=_DEFAU
         elif info.kind == "bool":
             arr = rng.random(shape) < 0.5
         elif info.kind in ("int", "uint"):
-            arr = rng.integers(0, 10, shape).astype(info.numpy)
+            arr = rng.integers(0, min(_INT_HIGH, bounds.get(name, _INT_HIGH)), shape).astype(info.numpy)
         elif info.kind == "complex":
             arr = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(info.numpy)
         else:

@@ -79,6 +79,42 @@ def test_cli_run_bundled_model(capsys, tmp_path):
     np.testing.assert_allclose(probs, ref, rtol=1e-4, atol=1e-6)
 
 
+def _embedding_model():
+    """BERT's pattern: token ids into a 50-row table, token type ids (through a Cast and
+    an Unsqueeze) into a 2-row one, positions into a 5-row one on axis 1 of a transposed
+    table; a mask that indexes nothing."""
+    rows = {"words": (50, 4), "types": (2, 4), "positions_t": (4, 5)}
+    inits = [onnx.numpy_helper.from_array(np.arange(a * b, dtype=np.float32).reshape(a, b), n)
+             for n, (a, b) in rows.items()]
+    nodes = [helper.make_node("Gather", ["words", "ids"], ["e1"]),
+             helper.make_node("Cast", ["types_in"], ["t32"], to=TensorProto.INT32),
+             helper.make_node("Unsqueeze", ["t32", "ax"], ["t2"]),
+             helper.make_node("Gather", ["types", "t2"], ["e2"]),
+             helper.make_node("Gather", ["positions_t", "pos"], ["e3"], axis=1),
+             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT)]
+    inits.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "ax"))
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, [3, 8]) for n in ("ids", "types_in", "pos", "mask")]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("e1", "e2", "e3", "m")]
+    return helper.make_model(helper.make_graph(nodes, "g", ints, outs, inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_random_inputs_stay_inside_the_tables_they_index(tmp_path, capsys):
+    """`gpukernels run` without --inputs on an embedding model: integer inputs that index
+    a table are drawn below its size (a 2-row token type table), others from [0, 10)."""
+    from gpukernels.inputs import index_bounds, random_inputs
+    from gpukernels.runtime import Session
+
+    path = tmp_path / "emb.onnx"
+    onnx.save(_embedding_model(), str(path))
+    session = Session(str(path))
+    assert index_bounds(session.model) == {"ids": 50, "types_in": 2, "pos": 5}
+    feeds = random_inputs(session, 3)
+    assert feeds["types_in"].max() == 1 and feeds["pos"].max() <= 4 and feeds["mask"].max() == 9
+    assert cli_main(["run", str(path), "--device", "cpu"]) == 0
+    assert "e2" in capsys.readouterr().out
+
+
 def test_cli_run_reports_unusable_cuda(capsys):
     from gpukernels.xp import cuda_status
 
