@@ -155,6 +155,19 @@ def _check_dir_arg(flag: str, path) -> None:
 # ------------------------------------------------------------------------ commands
 
 
+def defaulted_dims(session, dims: dict) -> list:
+    """The symbolic dimensions of the session's inputs that random inputs set to 1 (not
+    given by --dim), in order of appearance."""
+    names = []
+    for vi in session.inputs:
+        if vi.type.WhichOneof("value") != "tensor_type":
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value") and d.dim_param not in dims and d.dim_param not in names:
+                names.append(d.dim_param)
+    return names
+
+
 def cmd_run(args) -> int:
     from .runtime import Session
 
@@ -172,6 +185,7 @@ def cmd_run(args) -> int:
         feeds = read_inputs(args.inputs, session)
     else:
         feeds = random_inputs(session, args.seed, dims)
+        args.defaulted_dims = defaulted_dims(session, dims)  # named in a failure's message
     dumper = None
     if args.dump:
         from .inspect_tools import IntermediateDumper
@@ -182,6 +196,7 @@ def cmd_run(args) -> int:
     from .xp import synchronize
 
     synchronize(session.device)
+    args.defaulted_dims = None
     t_run = time.perf_counter() - t1
     if dumper is not None:
         dumper.finish(feeds, session.output_names, values)
@@ -522,7 +537,13 @@ def classify(exc: BaseException, args) -> tuple[int, str]:
     if limit is not None:
         return EXIT_RESOURCES, f"{model}{exc}"
     if isinstance(exc, GpuKernelsError):
-        return EXIT_MODEL, f"{model}{exc}"
+        hint = ""
+        defaulted = getattr(args, "defaulted_dims", None)
+        if defaulted:  # the run on random inputs failed: the 1s may not suit the model
+            shown = ", ".join(repr(safe_name(n)) if n else "(unnamed)" for n in defaulted[:6])
+            hint = (f" (the random inputs set the symbolic dimension(s) {shown} to 1: pass "
+                    "--dim NAME=VALUE or --inputs FILE.npz)")
+        return EXIT_MODEL, f"{model}{exc}{hint}"
     if isinstance(exc, OSError):
         return EXIT_USAGE, str(exc)
     return EXIT_INTERNAL, (f"internal error: {type(exc).__name__}: {exc} "

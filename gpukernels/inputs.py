@@ -83,22 +83,34 @@ def plan_random_inputs(session, dims: dict | None = None, max_bytes=_DEFAULT) ->
 _INT_HIGH = 10  # random integers are drawn from [0, _INT_HIGH)
 # ops whose first output holds their first input's values (as far as index ranges go)
 _SAME_VALUES = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand"})
+# ops whose first output has their first input's shape (a table dequantized or cast)
+_SAME_SHAPE = frozenset({"DequantizeLinear", "Cast", "Identity"})
 
 
 def index_bounds(model) -> dict:
     """{graph input: n} for integer inputs that reach the indices of a top-level Gather of
-    an initializer (directly or through ops that keep the values: Cast, Reshape...), n
-    the smallest size of a gathered axis: token ids of an embedding table, token type
-    ids of a two-row table.  Random integers are drawn below n there, so that the model
-    runs (an index past the table is an error, as it is in onnxruntime)."""
+    an initializer or a Constant (or of one dequantized or cast), directly or through ops
+    that keep the values (Cast, Reshape...), n the smallest size of a gathered axis:
+    token ids of an embedding table, token type ids of a two-row table.  Random integers
+    are drawn below n there, so that the model runs (an index past the table is an
+    error, as it is in onnxruntime)."""
     graph = model.graph
     dims = {t.name: list(t.dims) for t in graph.initializer}
     carries = {i.name: i.name for i in graph.input if i.name not in dims}  # value -> the input it carries
     bounds = {}
     for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or not node.input or not node.output:
+        if node.domain not in ("", "ai.onnx") or not node.output:
             continue
-        if node.op_type in _SAME_VALUES and node.input[0] in carries:
+        if node.op_type == "Constant":  # a table in a Constant node
+            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+            if value is not None:
+                dims[node.output[0]] = list(value.dims)
+            continue
+        if not node.input:
+            continue
+        if node.op_type in _SAME_SHAPE and node.input[0] in dims:  # a quantized or cast table
+            dims[node.output[0]] = dims[node.input[0]]
+        elif node.op_type in _SAME_VALUES and node.input[0] in carries:
             carries[node.output[0]] = carries[node.input[0]]
         elif node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in carries:
             shape = dims.get(node.input[0])

@@ -91,10 +91,19 @@ def _embedding_model():
              helper.make_node("Unsqueeze", ["t32", "ax"], ["t2"]),
              helper.make_node("Gather", ["types", "t2"], ["e2"]),
              helper.make_node("Gather", ["positions_t", "pos"], ["e3"], axis=1),
-             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT)]
-    inits.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "ax"))
-    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, [3, 8]) for n in ("ids", "types_in", "pos", "mask")]
-    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("e1", "e2", "e3", "m")]
+             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+             # a quantized table (QDQ) and a Constant one
+             helper.make_node("DequantizeLinear", ["q_table", "q_scale"], ["dq_table"]),
+             helper.make_node("Gather", ["dq_table", "q_ids"], ["e4"]),
+             helper.make_node("Constant", [], ["c_table"],
+                              value=onnx.numpy_helper.from_array(np.ones((6, 2), np.float32))),
+             helper.make_node("Gather", ["c_table", "c_ids"], ["e5"])]
+    inits += [onnx.numpy_helper.from_array(np.array([0], np.int64), "ax"),
+              onnx.numpy_helper.from_array(np.arange(12, dtype=np.int8).reshape(3, 4), "q_table"),
+              onnx.numpy_helper.from_array(np.float32(0.5), "q_scale")]
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", 8])
+            for n in ("ids", "types_in", "pos", "mask", "q_ids", "c_ids")]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("e1", "e2", "e3", "m", "e4", "e5")]
     return helper.make_model(helper.make_graph(nodes, "g", ints, outs, inits),
                              opset_imports=[helper.make_opsetid("", 17)])
 
@@ -108,11 +117,26 @@ def test_random_inputs_stay_inside_the_tables_they_index(tmp_path, capsys):
     path = tmp_path / "emb.onnx"
     onnx.save(_embedding_model(), str(path))
     session = Session(str(path))
-    assert index_bounds(session.model) == {"ids": 50, "types_in": 2, "pos": 5}
-    feeds = random_inputs(session, 3)
-    assert feeds["types_in"].max() == 1 and feeds["pos"].max() <= 4 and feeds["mask"].max() == 9
+    assert index_bounds(session.model) == {"ids": 50, "types_in": 2, "pos": 5, "q_ids": 3, "c_ids": 6}
+    feeds = random_inputs(session, 3, {"batch": 30})
+    assert feeds["types_in"].max() == 1 and feeds["pos"].max() == 4 and feeds["mask"].max() == 9
+    assert feeds["q_ids"].max() == 2 and feeds["c_ids"].max() == 5
     assert cli_main(["run", str(path), "--device", "cpu"]) == 0
     assert "e2" in capsys.readouterr().out
+
+
+def test_cli_run_names_the_symbolic_dims_random_inputs_set_to_1(tmp_path, capsys):
+    """A model that cannot run on the random inputs' 1s says which symbolic dimensions
+    were 1 and how to set them."""
+    g = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert cli_main(["run", str(path), "--device", "cpu"]) == 4  # EXIT_MODEL
+    err = capsys.readouterr().err
+    assert "MaxPool" in err and "symbolic dimension(s) 'n', 'h', 'w' to 1" in err and "--dim NAME=VALUE" in err
+    assert cli_main(["run", str(path), "--device", "cpu", "--dim", "h=4", "--dim", "w=4"]) == 0
 
 
 def test_cli_run_reports_unusable_cuda(capsys):
