@@ -1,0 +1,153 @@
+"""com.microsoft Tokenizer: the string splitter scikit-learn's text vectorizers are
+exported with (skl2onnx: StringNormalizer -> Tokenizer -> TfIdfVectorizer).  Host-side,
+on Python strings, with RE2 (google-re2) for the separators and the token expression.
+
+What onnxruntime's contrib definition leaves open, and what we chose (each checked
+against onnxruntime 1.32's CPU kernel, tests/kernels/contrib/test_contrib_text.py):
+
+* Matching is RE2's leftmost-longest ("as long as possible"), for separators too.
+* Separators are applied one after the other, in the order given: the string is split
+  at every match of the first one, each piece at every match of the second, and so on
+  (so ["b", "ab"] splits "xaby" into "xa", "y").  Empty pieces are dropped.
+* A token expression yields its non-empty, non-overlapping matches from left to right.
+* Tokens with fewer than ``mincharnum`` characters (Unicode code points) are dropped.
+* Character mode (``separators=[""]`` or ``tokenexp="."``): every code point, a newline
+  included, is a token; ``mincharnum`` must then be 1.
+* With ``mark``, each string's tokens are framed by "\\x02" and "\\x03" and the padding
+  comes after the frame; when no string has a token the output has no column at all
+  ([C, 0] / [N, C, 0], no frame), and an empty input keeps its own shape.
+* Both attributes set (the definition asks for exactly one): the separators, as
+  onnxruntime does.
+* Refused with a clear error (onnxruntime refuses the same, or for the separators that
+  match the empty string returns no token at all): neither attribute, mincharnum below
+  1, an invalid pattern, a separator other than a lone "" that can match the empty
+  string, inputs of rank 0 or above 2.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+try:
+    import re2
+except ImportError:  # pragma: no cover - a declared dependency
+    re2 = None
+
+from ...dtypes import DataType
+from ...errors import UnsupportedOperatorError
+from ...limits import check_allocation
+from ..base import register
+from ._common import DOMAIN, ContribKernel
+
+_START, _END = "\x02", "\x03"
+
+
+@functools.lru_cache(maxsize=256)
+def _longest(pattern: str):
+    """The compiled RE2 pattern with leftmost-longest matching; re2.error when invalid."""
+    options = re2.Options()
+    options.longest_match = True
+    options.log_errors = False
+    return re2.compile(pattern, options)
+
+
+def _split(text: str, rx) -> list:
+    """The pieces of text between the matches of rx (empty pieces included)."""
+    pieces, at = [], 0
+    for m in rx.finditer(text):
+        start, end = m.span()
+        if end > start:
+            pieces.append(text[at:start])
+            at = end
+    pieces.append(text[at:])
+    return pieces
+
+
+def _matches(text: str, rx) -> list:
+    """The non-empty matches of rx in text, left to right."""
+    return [m.group(0) for m in rx.finditer(text) if m.end() > m.start()]
+
+
+@register(domain=DOMAIN, versions=(1,))
+class Tokenizer(ContribKernel):
+    """Y: X's strings split into tokens along a new last axis, padded with pad_value
+    (see the module docstring for the choices)."""
+
+    max_inputs = 1
+
+    def __call__(self, X, *more, mark=None, mincharnum=None, pad_value=None, separators=None, tokenexp=None,
+                 **unknown):
+        self.check_signature(more, unknown)
+        x = self.tensor(X, "X")
+        if x.data_type != DataType.STRING:
+            raise self.type_error("input 'X' must be a string tensor", X=x)
+        for name, value in (("mark", mark), ("mincharnum", mincharnum), ("pad_value", pad_value)):
+            if value is None:
+                raise self.error(f"attribute '{name}' is required", X=x)
+        if int(mincharnum) < 1:
+            raise self.error(f"mincharnum must be at least 1, got {mincharnum}", X=x)
+        if x.ndim not in (1, 2):
+            raise self.error(f"X must be [C] or [N, C], got rank {x.ndim}", X=x)
+        split = self._splitter(x, separators, tokenexp, int(mincharnum))
+        arr = x.array if x.array.dtype == object else x.array.astype(object)
+        if arr.size == 0:
+            return self.result(np.empty(arr.shape, dtype=object), DataType.STRING)
+        least = int(mincharnum)
+        rows = []
+        for s in arr.ravel():
+            text = s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
+            rows.append([t for t in split(text) if len(t) >= least])
+        width = max(len(r) for r in rows)
+        pad = pad_value.decode("utf-8", "replace") if isinstance(pad_value, bytes) else str(pad_value)
+        if width and int(mark):
+            rows = [[_START, *r, _END] for r in rows]
+            width += 2
+        check_allocation(self, arr.shape + (width,), object)
+        out = np.full((arr.size, width), pad, dtype=object)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return self.result(out.reshape(arr.shape + (width,)), DataType.STRING)
+
+    def _splitter(self, x, separators, tokenexp, mincharnum):
+        """text -> its tokens (before the mincharnum filter), for the attributes given."""
+        if re2 is None:  # pragma: no cover - google-re2 is a declared dependency
+            raise UnsupportedOperatorError("com.microsoft Tokenizer needs the 'google-re2' package")
+        seps = None if separators is None else [s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
+                                                for s in separators]
+        if isinstance(tokenexp, bytes):
+            tokenexp = tokenexp.decode("utf-8", "replace")
+        if not seps and not tokenexp:
+            raise self.error("one of the attributes 'separators' and 'tokenexp' must be set", X=x)
+        char_mode = seps == [""] if seps else tokenexp == "."
+        if char_mode:
+            if mincharnum > 1:
+                raise self.error(f"mincharnum {mincharnum} drops every token of character mode "
+                                 "(separators [''] or tokenexp '.'): it must be 1", X=x)
+            return list
+        patterns = seps if seps else [tokenexp]
+        compiled = []
+        for p in patterns:
+            try:
+                rx = _longest(p)
+            except re2.error as exc:
+                msg = exc.args[0] if exc.args else str(exc)
+                msg = msg.decode("utf-8", "replace") if isinstance(msg, bytes) else str(msg)
+                what = "separator" if seps else "tokenexp"
+                raise self.error(f"invalid RE2 {what} {p[:200]!r}: {msg}", X=x) from None
+            if seps and rx.fullmatch("") is not None:
+                raise self.error(f"separator {p[:200]!r} matches the empty string (only a lone '', "
+                                 "character mode, may)", X=x)
+            compiled.append(rx)
+        if not seps:
+            rx = compiled[0]
+            return lambda text: _matches(text, rx)
+
+        def by_separators(text):
+            pieces = [text]
+            for rx in compiled:
+                pieces = [part for piece in pieces for part in _split(piece, rx)]
+            return [p for p in pieces if p]
+
+        return by_separators
