@@ -63,8 +63,9 @@ class Divergence:
     node: str
     op_type: str
     attributes: dict
-    inputs: list           # [(name, shape, dtype)]
+    inputs: list           # [(name, shape, dtype)]; shape and dtype None: not compared
     outputs: list
+    outputs_only: bool = False  # some input is an intermediate that was not compared
 
 
 @dataclass
@@ -83,6 +84,7 @@ class ParityReport:
     atol: float
     sides: list
     passed: bool
+    notes: list = field(default_factory=list)  # what explains differences (random nodes)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -288,6 +290,7 @@ def _first_divergence(model, diffs: dict) -> Divergence | None:
     """The first node (topological order) with a diverging output and agreeing inputs."""
     from onnx import helper
 
+    produced = {o for n in model.graph.node for o in n.output if o}
     for node in model.graph.node:
         outs = [o for o in node.output if o in diffs]
         if not outs or all(diffs[o].passed for o in outs):
@@ -297,8 +300,26 @@ def _first_divergence(model, diffs: dict) -> Divergence | None:
             attrs = {a.name: _short(helper.get_attribute_value(a)) for a in node.attribute}
             return Divergence(node.name or node.op_type, node.op_type, attrs,
                               [(i, diffs[i].shape, diffs[i].dtype) if i in diffs else (i, None, None) for i in ins],
-                              outs)
+                              outs, outputs_only=any(i in produced and i not in diffs for i in ins))
     return None
+
+
+RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                        "Bernoulli", "Multinomial"})
+
+
+def random_nodes(model) -> list:
+    """(name, op type) of the nodes that draw random numbers, subgraphs included: devices
+    draw from different generators, so what they compute from them differs."""
+    found, stack = [], [model.graph]
+    while stack:
+        graph = stack.pop()
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS:
+                found.append((node.name or node.op_type, node.op_type))
+            for a in node.attribute:
+                stack.extend([a.g] if a.HasField("g") else list(a.graphs))
+    return found
 
 
 def _short(v):
@@ -388,7 +409,14 @@ def compare(model, sides: list | None = None, devices=("cpu",), against=None, in
         passed = all(d.passed for d in diffs.values()) and all(
             o.name in diffs for o in proto.graph.output)
         reports.append(SideReport(side.label, list(diffs.values()), first, passed))
-    return ParityReport(label, baseline_side.label, rtol, atol, reports, all(r.passed for r in reports))
+    notes = []
+    randoms = random_nodes(proto)
+    if randoms:
+        shown = ", ".join(f"{op} '{safe_name(name)}'" for name, op in randoms[:4])
+        more = f" and {len(randoms) - 4} more" if len(randoms) > 4 else ""
+        notes.append(f"the model draws random numbers ({shown}{more}): every device and runtime draws "
+                     "its own, so the values computed from them differ (and from run to run without a seed)")
+    return ParityReport(label, baseline_side.label, rtol, atol, reports, all(r.passed for r in reports), notes)
 
 
 def _cell(text, width: int) -> str:
@@ -410,10 +438,16 @@ def format_report(report: ParityReport) -> str:
                          f"{'yes' if v.passed else 'NO'}" + (f"  ({safe_name(v.note)})" if v.note else ""))
         if side.first_divergence:
             d = side.first_divergence
-            lines.append(f"first diverging node: '{safe_name(d.node)}' ({safe_name(d.op_type)}) "
+            what = "node of the first diverging output" if d.outputs_only else "first diverging node"
+            lines.append(f"{what}: '{safe_name(d.node)}' ({safe_name(d.op_type)}) "
                          f"attributes {safe_name(d.attributes)}")
             for name, shape, dtype in d.inputs:
-                lines.append(f"    input {safe_name(name)}: {dtype}{shape}")
+                lines.append(f"    input {safe_name(name)}: " + ("not compared" if shape is None else f"{dtype}{shape}"))
             lines.append(f"    outputs: {', '.join(safe_name(o) for o in d.outputs)}")
+            if d.outputs_only:
+                lines.append("    (only the outputs were compared: --all-nodes compares every intermediate "
+                             "and names the node where the values start to differ)")
+    for note in report.notes:
+        lines.append(f"note: {note}")
     lines.append("\nPASSED" if report.passed else "\nFAILED")
     return "\n".join(lines)

@@ -49,6 +49,29 @@ def test_parity_finds_exactly_the_faulty_node():
     assert by_name["a"].min_atol > 0 and 0 < by_name["a"].outside <= 1
 
 
+def test_parity_outputs_only_says_so_and_random_nodes_are_named():
+    """Without --all-nodes the report names the node of the first diverging output and
+    says the intermediates were not compared; a model that draws random numbers gets a
+    note naming the random nodes (the devices draw their own numbers)."""
+    from gpukernels.parity import format_report
+
+    report = compare(_mlp(), sides=[Side("cpu"), Side("cpu-faulty", options={"kernel_overrides": {"Relu": _FaultyRelu}})])
+    text = format_report(report)
+    assert not report.passed and report.sides[0].first_divergence.outputs_only
+    assert "node of the first diverging output: 'softmax'" in text and "input logits: not compared" in text
+    assert "--all-nodes" in text and "note:" not in text
+    g = helper.make_graph([helper.make_node("RandomUniformLike", ["x"], ["u"], name="noise"),
+                           helper.make_node("Add", ["x", "u"], ["y"], name="add")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])])
+    noisy = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    report = compare(noisy, sides=[Side("cpu"), Side("cpu-again")], all_nodes=True)
+    text = format_report(report)
+    assert not report.passed and report.sides[0].first_divergence.node == "noise"
+    assert "first diverging node: 'noise' (RandomUniformLike)" in text
+    assert "note: the model draws random numbers (RandomUniformLike 'noise')" in text
+
+
 def test_parity_atol_relative_follows_each_values_scale():
     """atol_relative: atol is a fraction of the value's largest finite |baseline| (boxes of 400
     and logits of 0.01 under one rule); an all-zero baseline keeps atol as given."""
