@@ -542,6 +542,8 @@ _BITWISE = [
       for shape in ((3, 5), (8, 50, 96), (700, 257), (2, 65, 768), (9, 9000))],
     *[("LayerNormalization.rows", "InstanceNormalization", shape)
       for shape in ((2, 3), (2, 5, 7), (3, 40, 257), (2, 64, 3199), (1, 3, 9000))],
+    *[("LayerNormalization.rows", op, shape) for op in ("GroupNormalization-18", "GroupNormalization-21")
+      for shape in ((2, 8, 5), (2, 32, 24, 24), (1, 4, 9000))],
     *[("Softmax.along", op, shape) for op in ("Softmax", "LogSoftmax")
       for shape in ((2, 8, 64, 64), (50, 1100), (300, 7), (4, 9000))],
     *[("Elementwise.blocks", op, shape) for op in ("Erf",) for shape in ((5, 900), (5, 4099))],
@@ -564,6 +566,11 @@ def test_host_rows_are_bitwise_equal(site, op, shape, scale):
     elif op == "InstanceNormalization":
         inputs = [_f32(rng, *shape, scale=2.0 * scale) + 3, _f32(rng, shape[1]), _f32(rng, shape[1])]
         attrs, opset = {}, None
+    elif op.startswith("GroupNormalization"):  # 4 groups; opset 18 scales per group, 21 per channel
+        op, opset = "GroupNormalization", int(op.rsplit("-", 1)[1])
+        n = 4 if opset == 18 else shape[1]
+        inputs = [_f32(rng, *shape, scale=2.0 * scale) + 3, _f32(rng, n), _f32(rng, n)]
+        attrs = {"num_groups": 4}
     else:
         _, inputs, attrs, opset = _ln_case(rng, shape, op)
         inputs[0] *= np.float32(scale)

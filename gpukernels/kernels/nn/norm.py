@@ -482,7 +482,7 @@ def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones, row_params=N
 
 
 @specialize("LayerNormalization.rows", device="cpu",
-            ops=("LayerNormalization", "RMSNormalization", "InstanceNormalization"))
+            ops=("LayerNormalization", "RMSNormalization", "InstanceNormalization", "GroupNormalization"))
 def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True, row_params=None):
     """_normalize_rows on the host: _normalize_block over blocks of rows that fit in
     cache, over the host threads, into a reusable output buffer (the same values).  An
@@ -556,10 +556,14 @@ class GroupNormalization(KernelBase):
             sdt = np.dtype(np.float64)
         xp = self.xp
         xs = self.to_compute(x, sdt)
+        cdt = np.float64 if x.data_type == DataType.DOUBLE else np.float32
+        if not xs.size:  # an empty batch or empty spatial axes: nothing to normalise
+            return self.from_compute(xp.empty(xs.shape, cdt), x.data_type)
+        if sdt == cdt:
+            return self.from_compute(self._rows(xs, s, b, epsilon, G, per_group), x.data_type)
         xg = xs.reshape((N, G, -1))
         mean, d, var = _moments(xp, xg, (2,))
         normalized = (d / xp.sqrt(var + sdt.type(epsilon))).reshape(x.shape)
-        cdt = np.float64 if x.data_type == DataType.DOUBLE else np.float32
         normalized = normalized.astype(cdt, copy=False)
         sc = self.to_compute(s, cdt)
         bc = self.to_compute(b, cdt)
@@ -570,6 +574,26 @@ class GroupNormalization(KernelBase):
         shape = (1, C) + (1,) * (x.ndim - 2)
         y = normalized * sc.reshape(shape) + bc.reshape(shape)
         return self.from_compute(y, x.data_type)
+
+    def _rows(self, xs, s, b, epsilon, G, per_group):
+        """Both stages in xs's type through LayerNormalization's rows (each (n, group) a
+        row: BLAS-dot sums, in place, cache-sized blocks on the host): opset 18's group
+        scale and bias folded into the rows; opset 21's per-channel ones applied after,
+        in place on the normalised rows.  (x - mean) / sqrt(var + epsilon), then
+        * scale + bias, as the other path computes them."""
+        xp, dt = self.xp, xs.dtype
+        N, C = xs.shape[:2]
+        rows = xp.ascontiguousarray(xs).reshape(N * G, -1)
+        if per_group:
+            params = [xp.broadcast_to(self.to_compute(t, dt).reshape(1, G), (N, G)).reshape(N * G) for t in (s, b)]
+            y, _, _ = _normalize_rows(self, rows, epsilon, None, None, True, stats=False, row_params=params)
+            return y.reshape(xs.shape)
+        ones, zeros = xp.ones(N * G, dt), xp.zeros(N * G, dt)
+        y, _, _ = _normalize_rows(self, rows, epsilon, None, None, True, stats=False, row_params=(ones, zeros))
+        y3 = y.reshape(N, C, -1)
+        xp.multiply(y3, self.to_compute(s, dt).reshape(1, C, 1), out=y3)
+        xp.add(y3, self.to_compute(b, dt).reshape(1, C, 1), out=y3)
+        return y.reshape(xs.shape)
 
 
 @register()

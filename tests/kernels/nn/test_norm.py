@@ -293,6 +293,24 @@ def test_group_norm_opset18_per_group(device, rng):
         GroupNormalization(KernelContext(device, opset=21))(x, s, b, num_groups=4)
 
 
+@pytest.mark.parametrize("opset", [18, 21])
+@pytest.mark.parametrize("shape,G", [((2, 64, 40, 40), 8), ((3, 32, 9000), 32), ((0, 8, 4), 2)])
+def test_group_norm_rows_large_and_offset(device, rng, opset, shape, G):
+    """The row path (each (n, group) a row): many-block and pairwise-sum rows of data far
+    from zero, both opsets' scale layouts, and an empty batch."""
+    x = (rng.standard_normal(shape) * 3 + 50).astype(np.float32)
+    C = shape[1]
+    n = G if opset == 18 else C
+    s, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    y = GroupNormalization(KernelContext(device, opset=opset))(x, s, b, num_groups=G).numpy()
+    assert y.shape == shape and y.dtype == np.float32
+    if not x.size:
+        return
+    sc, bc = (np.repeat(f64(s), C // G), np.repeat(f64(b), C // G)) if opset == 18 else (f64(s), f64(b))
+    sh = (1, C) + (1,) * (len(shape) - 2)
+    np.testing.assert_allclose(y, group_norm(x, G, 1e-5) * sc.reshape(sh) + bc.reshape(sh), rtol=1e-4, atol=2e-5)
+
+
 @pytest.mark.parametrize("dtype,tol", [(np.float16, 5e-3), (ml_dtypes.bfloat16, 3e-2), (np.float64, 1e-5)])
 def test_group_norm_dtypes(device, rng, dtype, tol):
     x = rng.standard_normal((2, 4, 3)).astype(dtype)
