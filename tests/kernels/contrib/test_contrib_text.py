@@ -1,10 +1,15 @@
 """com.microsoft Tokenizer against onnxruntime's CPU kernel (one node per case: separators
 in order, leftmost-longest matches, mincharnum, character mode, marks, padding, empty
 inputs), its refusals, and scikit-learn's text vectorizers exported by skl2onnx run end
-to end against scikit-learn itself (onnxruntime's StringNormalizer needs an installed
-en_US.UTF-8 locale, which this machine lacks)."""
+to end against scikit-learn's own matrices: stored exports and outputs
+(tests/data/sklearn_text, always), and fresh ones where scikit-learn and skl2onnx are
+installed (onnxruntime's StringNormalizer needs an installed en_US.UTF-8 locale, which
+this machine lacks, so onnxruntime cannot be the reference there)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,6 +102,21 @@ def test_tokenizer_input_checks():
         k(np.array([[["a"]]], dtype=object), **BASE, separators=[" "])
     with pytest.raises(KernelInputError, match="'pad_value' is required"):
         k(np.array(["a"], dtype=object), mark=0, mincharnum=1, separators=[" "])
+
+
+_TEXT_DATA = Path(__file__).resolve().parents[2] / "data" / "sklearn_text"
+
+
+@pytest.mark.parametrize("name", ["tfidf_words", "count_bigrams", "tfidf_chars"])
+def test_sklearn_text_exports_match_sklearn(device, name):
+    """Stored skl2onnx exports (tests/data/sklearn_text) against scikit-learn's stored
+    matrices for the same queries, an empty string among them (no scikit-learn needed)."""
+    queries = json.loads((_TEXT_DATA / "index.json").read_text())["queries"]
+    want = np.load(_TEXT_DATA / f"{name}.expected.npy")
+    got = run_gk(str(_TEXT_DATA / f"{name}.onnx"), {"text": np.array(queries, dtype=object).reshape(-1, 1)},
+                 device=device)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.filterwarnings("ignore:The conversion of CountVectorizer may not work")
