@@ -83,9 +83,13 @@ class Tokenizer(ContribKernel):
         x = self.tensor(X, "X")
         if x.data_type != DataType.STRING:
             raise self.type_error("input 'X' must be a string tensor", X=x)
-        for name, value in (("mark", mark), ("mincharnum", mincharnum), ("pad_value", pad_value)):
+        for name, value, kind in (("mark", mark, int), ("mincharnum", mincharnum, int),
+                                  ("pad_value", pad_value, (str, bytes))):
             if value is None:
                 raise self.error(f"attribute '{name}' is required", X=x)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise self.error(f"attribute '{name}' must be {'an int' if kind is int else 'a string'}, "
+                                 f"got {value!r:.200}", X=x)
         if int(mincharnum) < 1:
             raise self.error(f"mincharnum must be at least 1, got {mincharnum}", X=x)
         if x.ndim not in (1, 2):
@@ -114,7 +118,12 @@ class Tokenizer(ContribKernel):
         """text -> its tokens (before the mincharnum filter), for the attributes given."""
         if re2 is None:  # pragma: no cover - google-re2 is a declared dependency
             raise UnsupportedOperatorError("com.microsoft Tokenizer needs the 'google-re2' package")
-        seps = None if separators is None else [s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
+        if separators is not None and (isinstance(separators, (str, bytes)) or not isinstance(separators, list)
+                                       or not all(isinstance(p, (str, bytes)) for p in separators)):
+            raise self.error(f"attribute 'separators' must be a list of strings, got {separators!r:.200}", X=x)
+        if tokenexp is not None and not isinstance(tokenexp, (str, bytes)):
+            raise self.error(f"attribute 'tokenexp' must be a string, got {tokenexp!r:.200}", X=x)
+        seps = None if separators is None else [s.decode("utf-8", "replace") if isinstance(s, bytes) else s
                                                 for s in separators]
         if isinstance(tokenexp, bytes):
             tokenexp = tokenexp.decode("utf-8", "replace")

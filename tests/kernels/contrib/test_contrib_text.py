@@ -82,6 +82,10 @@ def test_tokenizer_empty_input_keeps_its_shape(device, shape):
     ({"separators": ["b*"]}, "separator 'b\\*' matches the empty string"),
     ({"separators": ["", " "]}, "separator '' matches the empty string"),
     ({"separators": [" "], "bogus": 1}, "unknown attribute"),
+    ({"separators": " ,"}, "'separators' must be a list of strings"),
+    ({"tokenexp": ["a"]}, "'tokenexp' must be a string"),
+    ({"separators": [" "], "mark": "yes"}, "'mark' must be an int"),
+    ({"separators": [" "], "pad_value": 0}, "'pad_value' must be a string"),
 ])
 def test_tokenizer_refusals(attrs, match):
     k = Tokenizer(KernelContext("cpu"))
