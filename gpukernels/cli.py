@@ -183,9 +183,12 @@ def cmd_run(args) -> int:
     t_prepare = time.perf_counter() - t0
     if args.inputs:
         feeds = read_inputs(args.inputs, session)
+        inputs_from = f"file {args.inputs}"
     else:
         feeds = random_inputs(session, args.seed, dims)
         args.defaulted_dims = defaulted_dims(session, dims)  # named in a failure's message
+        set_dims = [f"{n}={v}" for n, v in dims.items()] + [f"{n or '(unnamed)'}=1" for n in args.defaulted_dims]
+        inputs_from = f"random (seed {args.seed}" + (f"; symbolic dimensions {', '.join(set_dims)}" if set_dims else "") + ")"
     dumper = None
     if args.dump:
         from .inspect_tools import IntermediateDumper
@@ -206,7 +209,7 @@ def cmd_run(args) -> int:
         arrays, skipped = archive_values(session.output_names, values)
         write_npz(args.output, arrays)
         written = len(arrays)
-    report = {"model": model, "device": device, "device_reason": why,
+    report = {"model": model, "device": device, "device_reason": why, "inputs": inputs_from,
               "prepare_seconds": t_prepare, "run_seconds": t_run, "outputs": summaries}
     if args.output:
         report.update(output_file=args.output, output_arrays=written, output_skipped=skipped)
@@ -215,6 +218,7 @@ def cmd_run(args) -> int:
         return EXIT_OK
     print(f"model:  {safe_name(model)}")
     print(f"device: {device} ({safe_name(why)})")
+    print(f"inputs: {safe_name(inputs_from)}")
     for s in summaries:
         name = safe_name(s["name"])
         if "shape" in s and "mean" in s:

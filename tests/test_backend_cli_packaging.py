@@ -137,6 +137,7 @@ def test_cli_run_names_the_symbolic_dims_random_inputs_set_to_1(tmp_path, capsys
     err = capsys.readouterr().err
     assert "MaxPool" in err and "symbolic dimension(s) 'n', 'h', 'w' to 1" in err and "--dim NAME=VALUE" in err
     assert cli_main(["run", str(path), "--device", "cpu", "--dim", "h=4", "--dim", "w=4"]) == 0
+    assert "inputs: random (seed 0; symbolic dimensions h=4, w=4, n=1)" in capsys.readouterr().out
 
 
 def test_cli_run_reports_unusable_cuda(capsys):
