@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - a declared dependency
 
 from ...dtypes import DataType
 from ...errors import UnsupportedOperatorError
-from ...limits import check_allocation
+from ...limits import check_allocation, max_tensor_bytes
 from ..base import register
 from ._common import DOMAIN, ContribKernel
 
@@ -53,21 +53,32 @@ def _longest(pattern: str):
     return re2.compile(pattern, options)
 
 
-def _split(text: str, rx) -> list:
-    """The pieces of text between the matches of rx (empty pieces included)."""
-    pieces, at = [], 0
+def _pieces(text: str, rx):
+    """The non-empty pieces of text between the matches of rx, left to right (lazily)."""
+    at = 0
     for m in rx.finditer(text):
         start, end = m.span()
         if end > start:
-            pieces.append(text[at:start])
+            if start > at:
+                yield text[at:start]
             at = end
-    pieces.append(text[at:])
-    return pieces
+    if at < len(text):
+        yield text[at:]
 
 
-def _matches(text: str, rx) -> list:
-    """The non-empty matches of rx in text, left to right."""
-    return [m.group(0) for m in rx.finditer(text) if m.end() > m.start()]
+def _split_all(text: str, compiled: list, k: int = 0):
+    """The non-empty pieces of text split at the matches of compiled[k], each split at the
+    matches of compiled[k + 1], and so on (lazily: only the final tokens are ever held)."""
+    if k == len(compiled):
+        yield text
+        return
+    for piece in _pieces(text, compiled[k]):
+        yield from _split_all(piece, compiled, k + 1)
+
+
+def _matches(text: str, rx):
+    """The non-empty matches of rx in text, left to right (lazily)."""
+    return (m.group(0) for m in rx.finditer(text) if m.end() > m.start())
 
 
 @register(domain=DOMAIN, versions=(1,))
@@ -98,11 +109,21 @@ class Tokenizer(ContribKernel):
         arr = x.array if x.array.dtype == object else x.array.astype(object)
         if arr.size == 0:
             return self.result(np.empty(arr.shape, dtype=object), DataType.STRING)
-        least = int(mincharnum)
+        least, framed = int(mincharnum), 2 if int(mark) else 0
+        # the most tokens one string may give before the output passes max_tensor_bytes:
+        # counted as they come, so that no string's token list grows past the limit
+        limit = max_tensor_bytes(self.ctx)
+        cap = None if limit is None else max(0, limit // (8 * arr.size) - framed)
         rows = []
         for s in arr.ravel():
             text = s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
-            rows.append([t for t in split(text) if len(t) >= least])
+            row = []
+            for t in split(text):
+                if len(t) >= least:
+                    row.append(t)
+                    if cap is not None and len(row) > cap:
+                        check_allocation(self, arr.shape + (len(row) + framed,), object)
+            rows.append(row)
         width = max(len(r) for r in rows)
         pad = pad_value.decode("utf-8", "replace") if isinstance(pad_value, bytes) else str(pad_value)
         if width and int(mark):
@@ -134,7 +155,7 @@ class Tokenizer(ContribKernel):
             if mincharnum > 1:
                 raise self.error(f"mincharnum {mincharnum} drops every token of character mode "
                                  "(separators [''] or tokenexp '.'): it must be 1", X=x)
-            return list
+            return iter  # each code point, one at a time
         patterns = seps if seps else [tokenexp]
         compiled = []
         for p in patterns:
@@ -152,11 +173,4 @@ class Tokenizer(ContribKernel):
         if not seps:
             rx = compiled[0]
             return lambda text: _matches(text, rx)
-
-        def by_separators(text):
-            pieces = [text]
-            for rx in compiled:
-                pieces = [part for piece in pieces for part in _split(piece, rx)]
-            return [p for p in pieces if p]
-
-        return by_separators
+        return lambda text: _split_all(text, compiled)

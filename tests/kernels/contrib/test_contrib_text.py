@@ -98,6 +98,23 @@ def test_tokenizer_refusals(attrs, match):
     assert "Tokenizer" in str(info.value)
 
 
+@pytest.mark.parametrize("attrs", [{"separators": [""]}, {"tokenexp": "[a-z]"}, {"separators": [" "]}])
+def test_tokenizer_output_limit_is_checked_as_tokens_come(attrs):
+    """One long string whose tokens would pass max_tensor_bytes is refused while it is
+    split (its token list never grows past the limit), in character, expression and
+    separator modes."""
+    from gpukernels.errors import GpuKernelsError, ResourceLimitError
+
+    x = np.array(["a b " * 50_000, "c"], dtype=object)
+    model = single_node_model("Tokenizer", [("x", x)], {**BASE, **attrs})
+    with pytest.raises(GpuKernelsError, match="max_tensor_bytes") as info:
+        run_gk(model, {"x": x}, max_tensor_bytes=1 << 16)
+    assert isinstance(info.value, ResourceLimitError) or isinstance(info.value.__cause__, ResourceLimitError)
+    assert "[2, 4097]" in str(info.value)  # stopped at the first token past the limit
+    short = np.array(["a b " * 100, "c"], dtype=object)
+    assert run_gk(model, {"x": short}, max_tensor_bytes=1 << 16)[0].shape[0] == 2
+
+
 def test_tokenizer_input_checks():
     k = Tokenizer(KernelContext("cpu"))
     with pytest.raises(KernelTypeError, match="string tensor"):
