@@ -66,14 +66,19 @@ def _pieces(text: str, rx):
         yield text[at:]
 
 
-def _split_all(text: str, compiled: list, k: int = 0):
-    """The non-empty pieces of text split at the matches of compiled[k], each split at the
-    matches of compiled[k + 1], and so on (lazily: only the final tokens are ever held)."""
-    if k == len(compiled):
-        yield text
-        return
-    for piece in _pieces(text, compiled[k]):
-        yield from _split_all(piece, compiled, k + 1)
+def _split_all(text: str, compiled: list):
+    """The non-empty pieces of text split at the matches of compiled[0], each split at the
+    matches of compiled[1], and so on, left to right (lazily, depth first with an explicit
+    stack: only the final tokens are ever held, and any number of separators is fine)."""
+    stack = [_pieces(text, compiled[0])]
+    while stack:
+        piece = next(stack[-1], None)
+        if piece is None:
+            stack.pop()
+        elif len(stack) == len(compiled):
+            yield piece
+        else:
+            stack.append(_pieces(piece, compiled[len(stack)]))
 
 
 def _matches(text: str, rx):

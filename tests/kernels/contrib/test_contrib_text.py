@@ -115,6 +115,14 @@ def test_tokenizer_output_limit_is_checked_as_tokens_come(attrs):
     assert run_gk(model, {"x": short}, max_tensor_bytes=1 << 16)[0].shape[0] == 2
 
 
+def test_tokenizer_many_separators():
+    """Thousands of separators (each applied in turn, without recursion)."""
+    seps = [f"x{i}y" for i in range(5000)] + [" "]
+    k = Tokenizer(KernelContext("cpu"))
+    got = k(np.array(["a x17y b x4999yc d"], dtype=object), **BASE, separators=seps).numpy()
+    assert got.tolist() == [["a", "b", "c", "d"]]
+
+
 def test_tokenizer_input_checks():
     k = Tokenizer(KernelContext("cpu"))
     with pytest.raises(KernelTypeError, match="string tensor"):
