@@ -13,6 +13,7 @@ have (backreferences, look-around, \\Z) raise a KernelInputError naming the patt
 from __future__ import annotations
 
 import functools
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -24,7 +25,7 @@ except ImportError:  # pragma: no cover - declared dependency; RegexFullMatch sa
 
 from ...dtypes import DataType
 from ...errors import UnsupportedOperatorError
-from ...limits import check_allocation
+from ...limits import check_allocation, max_tensor_bytes
 from ...tensor import Tensor
 from ..base import KernelBase, register
 
@@ -77,7 +78,9 @@ class StringSplit(KernelBase):
             raise self.error(f"maxsplit must be non-negative, got {maxsplit}", X=xt)
         limit = -1 if maxsplit is None else int(maxsplit)
         sep = delimiter if delimiter else None
-        parts = [str(s).split(sep, limit) for s in x.ravel()]
+        texts = [str(s) for s in x.ravel()]
+        _check_split_width(self, x.shape, texts, sep, limit)
+        parts = [t.split(sep, limit) for t in texts]
         counts = np.array([len(p) for p in parts], np.int64).reshape(x.shape)
         width = int(counts.max()) if counts.size else 0
         # padded to the longest split: one long element widens every row
@@ -87,6 +90,30 @@ class StringSplit(KernelBase):
         y[:] = flat if flat else y[:0]
         return self.Result(self.result(y.reshape(x.shape + (width,)), D.STRING),
                            self.result(self.xp.asarray(counts), D.INT64))
+
+
+def _check_split_width(kernel, shape, texts, sep, limit) -> None:
+    """Refuse (ResourceLimitError) a split whose padded output would pass max_tensor_bytes
+    before any string is split: the pieces of each string are counted without building
+    them (str.count for a delimiter; a lazy count of the runs of non-space characters
+    for whitespace, only for strings long enough to matter)."""
+    budget = max_tensor_bytes(kernel.ctx)
+    if budget is None or not texts:
+        return
+    cap = budget // (8 * len(texts))
+    widest = 0
+    for t in texts:
+        if sep is None:
+            if len(t) // 2 + 1 <= cap:  # cannot have more pieces than that
+                continue
+            n = sum(1 for _ in _NON_SPACE.finditer(t))
+        else:
+            n = t.count(sep) + 1
+        widest = max(widest, n if limit < 0 else min(n, limit + 1))
+    check_allocation(kernel, tuple(shape) + (widest,), object)
+
+
+_NON_SPACE = re.compile(r"\S+")
 
 
 @register()

@@ -53,6 +53,23 @@ def test_string_split(device, delimiter, maxsplit):
         assert list(y.numpy()[i, j]) == p + [""] * (width - len(p))
 
 
+@pytest.mark.parametrize("delimiter,maxsplit,refused", [(None, None, True), (",", None, True), (",", 3, False),
+                                                       (None, 2, False)])
+def test_string_split_output_limit_is_checked_before_splitting(delimiter, maxsplit, refused):
+    """A string that would split into more pieces than max_tensor_bytes allows is refused
+    before it is split; maxsplit bounds the pieces and lets it through."""
+    from gpukernels.errors import ResourceLimitError
+
+    text = ("a b," * 20_000) if delimiter else ("a b " * 20_000)
+    k = StringSplit(KernelContext("cpu", options={"max_tensor_bytes": 1 << 16}))
+    if refused:
+        with pytest.raises(ResourceLimitError, match="max_tensor_bytes"):
+            k(S([text, "c"]), delimiter=delimiter, maxsplit=maxsplit)
+    else:
+        y, z = k(S([text, "c"]), delimiter=delimiter, maxsplit=maxsplit)
+        assert y.shape[1] == maxsplit + 1 and z.numpy().tolist() == [maxsplit + 1, 1]
+
+
 def test_string_split_edge(device):
     y, z = StringSplit(KernelContext(device))(S([], (0,)))
     assert y.shape == (0, 0) and z.shape == (0,)
