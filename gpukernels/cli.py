@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .archive import DataError, check_output_path, safe_name, write_npz
-from .inputs import bundled_model_path, random_inputs, read_inputs
+from .inputs import bundled_model_path, defaulted_dims, random_inputs, read_inputs
 
 EXIT_OK = 0           # success; parity PASSED
 EXIT_FAILED = 1       # parity FAILED (values differ); conformance: an unexpected result
@@ -153,19 +153,6 @@ def _check_dir_arg(flag: str, path) -> None:
 
 
 # ------------------------------------------------------------------------ commands
-
-
-def defaulted_dims(session, dims: dict) -> list:
-    """The symbolic dimensions of the session's inputs that random inputs set to 1 (not
-    given by --dim), in order of appearance."""
-    names = []
-    for vi in session.inputs:
-        if vi.type.WhichOneof("value") != "tensor_type":
-            continue
-        for d in vi.type.tensor_type.shape.dim:
-            if not d.HasField("dim_value") and d.dim_param not in dims and d.dim_param not in names:
-                names.append(d.dim_param)
-    return names
 
 
 def cmd_run(args) -> int:

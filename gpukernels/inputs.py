@@ -17,7 +17,8 @@ import numpy as np
 from .archive import DataError, max_tensor_bytes, read_npz, safe_name
 from .errors import ModelError
 
-__all__ = ["bundled_model_path", "index_bounds", "random_inputs", "read_inputs", "plan_random_inputs"]
+__all__ = ["bundled_model_path", "defaulted_dims", "index_bounds", "random_inputs", "read_inputs",
+           "plan_random_inputs"]
 
 
 def bundled_model_path() -> Path:
@@ -78,6 +79,19 @@ def plan_random_inputs(session, dims: dict | None = None, max_bytes=_DEFAULT) ->
             raise limit_error(None, need, limit, f"random input {name!r} ({info.name}{_declared(tt)})", shape)
         plan.append((vi.name, shape, info))
     return plan
+
+
+def defaulted_dims(session, dims: dict) -> list:
+    """The symbolic dimensions of the session's inputs that plan_random_inputs sets to 1
+    (those not in dims), in order of appearance."""
+    names = []
+    for vi in session.inputs:
+        if vi.type.WhichOneof("value") != "tensor_type":
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value") and d.dim_param not in dims and d.dim_param not in names:
+                names.append(d.dim_param)
+    return names
 
 
 _INT_HIGH = 10  # random integers are drawn from [0, _INT_HIGH)

@@ -311,6 +311,8 @@ RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "Ra
 def random_nodes(model) -> list:
     """(name, op type) of the nodes that draw random numbers, subgraphs included: devices
     draw from different generators, so what they compute from them differs."""
+    from .runtime.graph import _graphs_of
+
     found, stack = [], [model.graph]
     while stack:
         graph = stack.pop()
@@ -318,7 +320,7 @@ def random_nodes(model) -> list:
             if node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS:
                 found.append((node.name or node.op_type, node.op_type))
             for a in node.attribute:
-                stack.extend([a.g] if a.HasField("g") else list(a.graphs))
+                stack.extend(_graphs_of(a))
     return found
 
 

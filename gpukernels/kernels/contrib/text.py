@@ -26,31 +26,21 @@ against onnxruntime 1.32's CPU kernel, tests/kernels/contrib/test_contrib_text.p
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
-
-try:
-    import re2
-except ImportError:  # pragma: no cover - a declared dependency
-    re2 = None
 
 from ...dtypes import DataType
 from ...errors import UnsupportedOperatorError
 from ...limits import check_allocation, max_tensor_bytes
 from ..base import register
+from ..text.strings import compile_re2, re2, re2_message
 from ._common import DOMAIN, ContribKernel
 
 _START, _END = "\x02", "\x03"
 
 
-@functools.lru_cache(maxsize=256)
-def _longest(pattern: str):
-    """The compiled RE2 pattern with leftmost-longest matching; re2.error when invalid."""
-    options = re2.Options()
-    options.longest_match = True
-    options.log_errors = False
-    return re2.compile(pattern, options)
+def _text(value) -> str:
+    """An attribute's or element's text (bytes that are not UTF-8 with replacements)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _pieces(text: str, rx):
@@ -106,32 +96,31 @@ class Tokenizer(ContribKernel):
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise self.error(f"attribute '{name}' must be {'an int' if kind is int else 'a string'}, "
                                  f"got {value!r:.200}", X=x)
-        if int(mincharnum) < 1:
+        if mincharnum < 1:
             raise self.error(f"mincharnum must be at least 1, got {mincharnum}", X=x)
         if x.ndim not in (1, 2):
             raise self.error(f"X must be [C] or [N, C], got rank {x.ndim}", X=x)
-        split = self._splitter(x, separators, tokenexp, int(mincharnum))
+        split = self._splitter(x, separators, tokenexp, mincharnum)
         arr = x.array if x.array.dtype == object else x.array.astype(object)
         if arr.size == 0:
             return self.result(np.empty(arr.shape, dtype=object), DataType.STRING)
-        least, framed = int(mincharnum), 2 if int(mark) else 0
+        framed = 2 if mark else 0
         # the most tokens one string may give before the output passes max_tensor_bytes:
         # counted as they come, so that no string's token list grows past the limit
         limit = max_tensor_bytes(self.ctx)
         cap = None if limit is None else max(0, limit // (8 * arr.size) - framed)
         rows = []
         for s in arr.ravel():
-            text = s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
             row = []
-            for t in split(text):
-                if len(t) >= least:
+            for t in split(_text(s)):
+                if len(t) >= mincharnum:
                     row.append(t)
                     if cap is not None and len(row) > cap:
                         check_allocation(self, arr.shape + (len(row) + framed,), object)
             rows.append(row)
         width = max(len(r) for r in rows)
-        pad = pad_value.decode("utf-8", "replace") if isinstance(pad_value, bytes) else str(pad_value)
-        if width and int(mark):
+        pad = _text(pad_value)
+        if width and mark:
             rows = [[_START, *r, _END] for r in rows]
             width += 2
         check_allocation(self, arr.shape + (width,), object)
@@ -149,10 +138,9 @@ class Tokenizer(ContribKernel):
             raise self.error(f"attribute 'separators' must be a list of strings, got {separators!r:.200}", X=x)
         if tokenexp is not None and not isinstance(tokenexp, (str, bytes)):
             raise self.error(f"attribute 'tokenexp' must be a string, got {tokenexp!r:.200}", X=x)
-        seps = None if separators is None else [s.decode("utf-8", "replace") if isinstance(s, bytes) else s
-                                                for s in separators]
-        if isinstance(tokenexp, bytes):
-            tokenexp = tokenexp.decode("utf-8", "replace")
+        seps = None if separators is None else [_text(p) for p in separators]
+        if tokenexp is not None:
+            tokenexp = _text(tokenexp)
         if not seps and not tokenexp:
             raise self.error("one of the attributes 'separators' and 'tokenexp' must be set", X=x)
         char_mode = seps == [""] if seps else tokenexp == "."
@@ -165,12 +153,10 @@ class Tokenizer(ContribKernel):
         compiled = []
         for p in patterns:
             try:
-                rx = _longest(p)
+                rx = compile_re2(p, longest=True)
             except re2.error as exc:
-                msg = exc.args[0] if exc.args else str(exc)
-                msg = msg.decode("utf-8", "replace") if isinstance(msg, bytes) else str(msg)
                 what = "separator" if seps else "tokenexp"
-                raise self.error(f"invalid RE2 {what} {p[:200]!r}: {msg}", X=x) from None
+                raise self.error(f"invalid RE2 {what} {p[:200]!r}: {re2_message(exc)}", X=x) from None
             if seps and rx.fullmatch("") is not None:
                 raise self.error(f"separator {p[:200]!r} matches the empty string (only a lone '', "
                                  "character mode, may)", X=x)

@@ -238,10 +238,15 @@ class InstanceNormalization(KernelBase):
         if xc.size == 0:
             return self.from_compute(xp.empty(xc.shape, dt), x.data_type)
         rows = xp.ascontiguousarray(xc).reshape(N * C, D)
-        per_row = [xp.broadcast_to(self.to_compute(t, dt).reshape(1, C), (N, C)).reshape(N * C)
-                   for t in (s, b)]
+        per_row = [_per_row(xp, self.to_compute(t, dt), N) for t in (s, b)]
         y, _, _ = _normalize_rows(self, rows, epsilon, None, None, True, stats=False, row_params=per_row)
         return self.from_compute(y.reshape(xc.shape), x.data_type)
+
+
+def _per_row(xp, values, N):
+    """values (K,) repeated for each of N images: the (N * K,) per-row parameters of
+    rows (n, k)."""
+    return xp.broadcast_to(values.reshape(1, -1), (N, values.size)).reshape(-1)
 
 
 def _unidirectional(kernel, t, x, name):
@@ -432,8 +437,8 @@ def _normalize_rows(kernel, x2, eps, s_flat, b_flat, center, stats=True, row_par
     repeated over the rows: see _RowTiles).  Returns y (R, D), mean (R,) (None when not
     centering) and the inverse (R,); with stats False the caller wants y alone (a path
     may then return None for both).  row_params: (scale, bias) of shape (R,) instead,
-    one value per row (InstanceNormalization; s_flat and b_flat None): the scale is
-    folded into the row's inverse (inv is then returned scaled).  The reference is
+    one value per row (InstanceNormalization; s_flat and b_flat None; bias may be None):
+    the scale is folded into the row's inverse (inv is then returned scaled).  The reference is
     _normalize_block on all rows."""
     fast = kernel.specialized("LayerNormalization.rows", x2)
     if fast is not None:
@@ -471,7 +476,8 @@ def _normalize_block(xp, xb, yb, eps, s_flat, b_flat, center, ones, row_params=N
         scale, bias = row_params
         xp.divide(scale, inv, out=inv)
         xp.multiply(yb, inv[:, None], out=yb)
-        xp.add(yb, bias[:, None], out=yb)
+        if bias is not None:
+            xp.add(yb, bias[:, None], out=yb)
         return mean, inv
     xp.divide(dt.type(1), inv, out=inv)
     xp.multiply(yb, inv[:, None], out=yb)
@@ -512,7 +518,7 @@ def _normalize_rows_host(x2, eps, s_flat, b_flat, center, stats=True, row_params
             rb = None
         else:
             sb = bb = None
-            rb = (row_params[0][a:b], row_params[1][a:b])
+            rb = tuple(None if p is None else p[a:b] for p in row_params)
         m, iv = _normalize_block(np, yb, yb, eps, sb, bb, center, ones, rb)
         if mean_all is not None:
             mean_all[a:b] = m
@@ -585,11 +591,11 @@ class GroupNormalization(KernelBase):
         N, C = xs.shape[:2]
         rows = xp.ascontiguousarray(xs).reshape(N * G, -1)
         if per_group:
-            params = [xp.broadcast_to(self.to_compute(t, dt).reshape(1, G), (N, G)).reshape(N * G) for t in (s, b)]
+            params = [_per_row(xp, self.to_compute(t, dt), N) for t in (s, b)]
             y, _, _ = _normalize_rows(self, rows, epsilon, None, None, True, stats=False, row_params=params)
             return y.reshape(xs.shape)
-        ones, zeros = xp.ones(N * G, dt), xp.zeros(N * G, dt)
-        y, _, _ = _normalize_rows(self, rows, epsilon, None, None, True, stats=False, row_params=(ones, zeros))
+        y, _, _ = _normalize_rows(self, rows, epsilon, None, None, True, stats=False,
+                                  row_params=(xp.ones(N * G, dt), None))
         y3 = y.reshape(N, C, -1)
         xp.multiply(y3, self.to_compute(s, dt).reshape(1, C, 1), out=y3)
         xp.add(y3, self.to_compute(b, dt).reshape(1, C, 1), out=y3)

@@ -92,6 +92,9 @@ class StringSplit(KernelBase):
                            self.result(self.xp.asarray(counts), D.INT64))
 
 
+_NON_SPACE = re.compile(r"\S+")
+
+
 def _check_split_width(kernel, shape, texts, sep, limit) -> None:
     """Refuse (ResourceLimitError) a split whose padded output would pass max_tensor_bytes
     before any string is split: the pieces of each string are counted without building
@@ -112,8 +115,6 @@ def _check_split_width(kernel, shape, texts, sep, limit) -> None:
         widest = max(widest, n if limit < 0 else min(n, limit + 1))
     check_allocation(kernel, tuple(shape) + (widest,), object)
 
-
-_NON_SPACE = re.compile(r"\S+")
 
 
 @register()
@@ -148,14 +149,17 @@ class StringNormalizer(KernelBase):
 
 
 @functools.lru_cache(maxsize=256)
-def _compile(pattern: str):
-    """The compiled RE2 pattern; raises re2.error for an invalid one."""
+def compile_re2(pattern: str, longest: bool = False):
+    """The compiled RE2 pattern (longest: leftmost-longest matching instead of RE2's
+    default leftmost-first); raises re2.error for an invalid one."""
     options = re2.Options()
     options.log_errors = False  # the message goes into our exception, not to stderr
+    options.longest_match = longest
     return re2.compile(pattern, options)
 
 
-def _re2_message(exc) -> str:
+def re2_message(exc) -> str:
+    """The text of a re2.error (its argument may be bytes)."""
     msg = exc.args[0] if exc.args else str(exc)
     return msg.decode("utf-8", "replace") if isinstance(msg, bytes) else str(msg)
 
@@ -175,10 +179,10 @@ class RegexFullMatch(KernelBase):
             raise UnsupportedOperatorError("RegexFullMatch needs the 'google-re2' package "
                                            "(pip install google-re2)")
         try:
-            rx = _compile(pattern)
+            rx = compile_re2(pattern)
         except re2.error as exc:
             shown = repr(pattern) if len(pattern) <= 200 else repr(pattern[:200]) + "..."
-            raise self.error(f"invalid RE2 pattern {shown}: {_re2_message(exc)}", X=xt) from None
+            raise self.error(f"invalid RE2 pattern {shown}: {re2_message(exc)}", X=xt) from None
         try:
             out = np.fromiter((rx.fullmatch(s if isinstance(s, (str, bytes)) else str(s)) is not None
                                for s in x.ravel()), dtype=bool, count=x.size)
